@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Build TaskVine (cctools) from Debian's cctools source package into a prefix inside the
+# project, against the project's own Python.
+#
+#   scripts/build_taskvine.sh [--prefix DIR] [--python PY]
+#
+# - The orig tarball is fetched with apt's own downloader from the Debian mirror that is
+#   already configured in this machine's apt sources (never a hard-coded host), and its
+#   SHA-256 is checked against the pins below, which match Debian's source indices.
+# - Versions are tried newest first (sid 7.15.x, then trixie 7.14.x).
+# - Only what datavine needs is built: dttools, batch_job (vine_factory), taskvine,
+#   resource_monitor and poncho; chirp, parrot, makeflow and friends are skipped.
+# - Idempotent: a prefix whose stamp matches (version, checksum, python) is reused.
+# - A .pth file makes `ndcctools.taskvine` importable from the python's environment.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PREFIX="$ROOT/build/cctools"
+PYTHON="$ROOT/.venv/bin/python"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefix) PREFIX=$2; shift 2 ;;
+    --python) PYTHON=$2; shift 2 ;;
+    *) echo "build_taskvine: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+# version  suite  sha256 of cctools_<version>.orig.tar.xz (from Debian's Sources index)
+PINS=(
+  "7.15.9 sid b9a2ee0be80354d124ee3f9835926d94c4d995c43b7d426ea7b91ba06e010f87"
+  "7.14.5 trixie ce84eb9fdfa4dccc2dc9d9bab7f745906135aa33d6382496dfe4d3c76dc05027"
+)
+
+die() { echo "build_taskvine: $*" >&2; exit 1; }
+log() { echo "build_taskvine: $*" >&2; }
+
+[ -x "$PYTHON" ] || die "python '$PYTHON' not found (create the venv first: scripts/setup.sh)"
+PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+PYBASE=$("$PYTHON" -c 'import sys; print(sys.base_prefix)')
+PURELIB=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+STAMP="$PREFIX/.datavine-build"
+
+link_python() {
+  local site="$PREFIX/lib/python$PYVER/site-packages"
+  [ -d "$site/ndcctools" ] || die "no ndcctools under $site after the build"
+  echo "$site" > "$PURELIB/datavine-cctools.pth"
+  "$PYTHON" -c 'import ndcctools.taskvine' || die "ndcctools.taskvine does not import in $PYTHON"
+}
+
+if [ -f "$STAMP" ] && grep -q "python=$PYBASE" "$STAMP" && [ -x "$PREFIX/bin/vine_worker" ]; then
+  log "reusing $PREFIX ($(head -1 "$STAMP"))"
+  link_python
+  exit 0
+fi
+
+# --- find the Debian mirror configured on this machine ---------------------------------
+mirror=""
+for f in /etc/apt/sources.list.d/*.sources; do
+  [ -f "$f" ] || continue
+  m=$(awk '/^URIs:/ {for (i = 2; i <= NF; i++) if ($i ~ /debian\/?$/) {print $i; exit}}' "$f")
+  [ -n "$m" ] && { mirror=$m; break; }
+done
+if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
+  mirror=$(awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^(https?|ftp):\/\/.*debian\/?$/) {print $i; exit}}' \
+    /etc/apt/sources.list)
+fi
+[ -n "$mirror" ] || die "no Debian mirror found in /etc/apt/sources.list{,.d}; cannot fetch cctools"
+mirror=${mirror%/}
+
+# --- ask the mirror which versions it has (a private apt state, the system's is untouched) --
+APTDIR="$ROOT/build/apt-src"
+mkdir -p "$APTDIR/lists/partial" "$ROOT/build/downloads"
+: > "$APTDIR/sources.list"
+for pin in "${PINS[@]}"; do
+  read -r _ suite _ <<<"$pin"
+  echo "deb-src $mirror $suite main" >> "$APTDIR/sources.list"
+done
+APTOPT=(-o "Dir::Etc::SourceList=$APTDIR/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$APTDIR/lists" -o Acquire::Languages=none)
+apt-get "${APTOPT[@]}" update >"$APTDIR/update.log" 2>&1 \
+  || log "apt-get update of the source indices failed (see $APTDIR/update.log); trying cached tarballs"
+available=$(apt-cache "${APTOPT[@]}" showsrc cctools 2>/dev/null | awk '/^Version:/ {print $2}' || true)
+directory=$(apt-cache "${APTOPT[@]}" showsrc cctools 2>/dev/null | awk '/^Directory:/ {print $2; exit}' || true)
+directory=${directory:-pool/main/c/cctools}
+
+tarball=""
+for pin in "${PINS[@]}"; do
+  read -r version suite sha <<<"$pin"
+  file="$ROOT/build/downloads/cctools_$version.orig.tar.xz"
+  if [ -f "$file" ] && echo "$sha  $file" | sha256sum -c --quiet - 2>/dev/null; then
+    tarball=$file; break
+  fi
+  if ! grep -q ":$version-" <<<"$available"; then
+    log "cctools $version ($suite) is not in the mirror's index; trying the next version"
+    continue
+  fi
+  log "fetching cctools $version ($suite) from $mirror"
+  if /usr/lib/apt/apt-helper download-file "$mirror/$directory/cctools_$version.orig.tar.xz" \
+       "$file.part" "SHA256:$sha" >"$APTDIR/fetch-$version.log" 2>&1 \
+     && echo "$sha  $file.part" | sha256sum -c --quiet -; then
+    mv "$file.part" "$file"; tarball=$file; break
+  fi
+  rm -f "$file.part"
+  log "cctools $version: download or checksum failed (see $APTDIR/fetch-$version.log)"
+done
+[ -n "$tarball" ] || die "no supported cctools version could be fetched and verified (tried: ${PINS[*]%% *})"
+version=$(basename "$tarball" | sed 's/cctools_\(.*\)\.orig\.tar\.xz/\1/')
+sha=$(sha256sum "$tarball" | cut -d' ' -f1)
+
+# --- build -------------------------------------------------------------------------------
+command -v swig >/dev/null || die "swig is missing (apt-get install swig)"
+SRC="$ROOT/build/src"
+rm -rf "$SRC" && mkdir -p "$SRC"
+tar -C "$SRC" -xf "$tarball"
+cd "$SRC/cctools-$version"
+for p in "$ROOT"/scripts/patches/cctools/*.patch; do
+  [ -f "$p" ] || continue
+  log "applying $(basename "$p")"
+  patch -p1 --silent < "$p" || die "patch $(basename "$p") does not apply to cctools $version"
+done
+log "configuring cctools $version for $PYBASE"
+./configure --prefix "$PREFIX" --with-python3-path "$PYBASE" --with-perl-path no \
+  --without-system-chirp --without-system-parrot --without-system-makeflow \
+  --without-system-grow --without-system-ftp-lite --without-system-doc \
+  >"$ROOT/build/configure.log" 2>&1 || die "configure failed (see build/configure.log)"
+log "building (log: build/make.log)"
+make -j"$(nproc)" >"$ROOT/build/make.log" 2>&1 || die "make failed (see build/make.log)"
+rm -rf "$PREFIX"
+make install >>"$ROOT/build/make.log" 2>&1 || die "make install failed (see build/make.log)"
+printf 'cctools %s sha256=%s\npython=%s\n' "$version" "$sha" "$PYBASE" > "$STAMP"
+rm -rf "$SRC"
+link_python
+log "installed cctools $version into $PREFIX"
