@@ -1,0 +1,120 @@
+"""Clusters: a datavine manager plus the workers it runs on, as one context manager.
+
+``LocalCluster`` is the embedded default: a manager on this host and real ``vine_worker``
+processes on 127.0.0.1, authenticated with a password file created for the run::
+
+    with datavine.LocalCluster(workers=2, cores=1) as cluster:
+        dask.compute(x, scheduler=cluster.get)
+
+``Cluster`` takes an already-running or externally started pool (HTCondor through
+vine_factory, see :mod:`datavine.pools`): it only starts the manager and waits for workers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from datavine.config import LocalWorkersConfig, ManagerConfig, RunConfig
+from datavine.local_workers import LocalWorkers
+from datavine.runtime import Runtime
+
+
+def make_password_file(directory: Path) -> Path:
+    """A fresh random TaskVine password, readable by its owner only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "vine.password"
+    path.write_text(secrets.token_hex(32))
+    path.chmod(0o600)
+    return path
+
+
+class Cluster:
+    """A datavine manager; workers come from elsewhere (a pool) and authenticate to it."""
+
+    def __init__(self, manager: ManagerConfig | None = None, run: RunConfig | None = None,
+                 *, min_workers: int = 0, connect_timeout_s: float = 60.0) -> None:
+        manager = manager or ManagerConfig(run_dir=Path(tempfile.mkdtemp(prefix="datavine-")))
+        if manager.password_file is None:
+            from dataclasses import replace
+
+            manager = replace(manager, password_file=make_password_file(Path(manager.run_dir)))
+        self.manager_config = manager
+        self.run_config = run or RunConfig()
+        self.min_workers = min_workers
+        self.connect_timeout_s = connect_timeout_s
+        self.runtime: Runtime | None = None
+
+    @property
+    def port(self) -> int:
+        return self._rt.port
+
+    @property
+    def password_file(self) -> Path:
+        assert self.manager_config.password_file is not None
+        return Path(self.manager_config.password_file)
+
+    @property
+    def _rt(self) -> Runtime:
+        if self.runtime is None:
+            raise RuntimeError("the cluster is not started: use it in a 'with' block or call start()")
+        return self.runtime
+
+    def start(self) -> Cluster:
+        self.runtime = Runtime(self.manager_config, self.run_config)
+        self._start_workers()
+        if self.min_workers:
+            self._rt.wait_for_workers(self.min_workers, self.connect_timeout_s)
+        return self
+
+    def _start_workers(self) -> None:
+        """Subclasses start their workers here."""
+
+    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        """The dask scheduler callable."""
+        return self._rt.get(dsk, keys, **kwargs)
+
+    @property
+    def last_summary(self) -> Any:
+        return self._rt.last_summary
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class LocalCluster(Cluster):
+    """A manager plus ``workers`` local vine_worker processes of ``cores`` cores each."""
+
+    def __init__(self, workers: int = 2, cores: int = 1, *, memory_mb: int | None = None,
+                 features: tuple[str, ...] = (), manager: ManagerConfig | None = None,
+                 run: RunConfig | None = None, connect_timeout_s: float = 60.0,
+                 **run_options: Any) -> None:
+        run = (run or RunConfig()).replace(**run_options) if run_options else run
+        super().__init__(manager, run, min_workers=workers, connect_timeout_s=connect_timeout_s)
+        self.workers_config = LocalWorkersConfig(workers=workers, cores=cores,
+                                                 memory_mb=memory_mb, features=features)
+        self.workers: LocalWorkers | None = None
+
+    def _start_workers(self) -> None:
+        self.workers = LocalWorkers(
+            self.workers_config, self.port, Path(self.manager_config.run_dir) / "workers",
+            password_file=self.password_file, ssl=self.manager_config.ssl is not None)
+        self.workers.start()
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()
+            self.workers = None
+        super().close()

@@ -1,0 +1,109 @@
+"""Configuration objects: one place for every setting, passed down explicitly.
+
+Nothing in datavine reads global state on its own: the manager, the runtime and the
+worker pools each receive the dataclass that concerns them. Defaults are chosen for a
+facility run; tests and the embedded default override them by keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A setting has a value datavine cannot use; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    """How the TaskVine manager listens and whom it accepts.
+
+    Attributes:
+        port: TCP port; 0 picks a free one.
+        password_file: TaskVine password file; workers without it are rejected. ``None``
+            makes :class:`~datavine.cluster.Cluster` create one in its run directory.
+        ssl_key, ssl_cert: PEM files; when both are set, workers must connect with ``--ssl``.
+        run_dir: where the manager keeps logs, staging files and the password.
+        name: optional project name (only used for logs; no catalog is contacted).
+    """
+
+    port: int = 0
+    password_file: Path | None = None
+    ssl_key: Path | None = None
+    ssl_cert: Path | None = None
+    run_dir: Path = Path("runs/manager")
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"ManagerConfig.port={self.port} is not a TCP port")
+        if (self.ssl_key is None) != (self.ssl_cert is None):
+            raise ConfigError("ManagerConfig.ssl_key and ssl_cert must be given together")
+
+    @property
+    def ssl(self) -> tuple[str, str] | None:
+        if self.ssl_key and self.ssl_cert:
+            return (str(self.ssl_key), str(self.ssl_cert))
+        return None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How one graph is run.
+
+    Attributes:
+        max_retries: attempts for a bundle that failed for a reason outside the user's code
+            (lost worker, crashed library); user exceptions are raised at once, as dask does.
+        no_worker_timeout_s: fail, naming the manager's address, when work is waiting and
+            no worker has been connected for this long.
+        timeout_s: optional bound on a whole run.
+        max_bundle_tasks: most dask tasks sent to a worker in one function call.
+        target_bundle_s: bundle size aims at this much work, from measured task durations.
+        bundles_per_slot: bundles kept submitted per worker core, to keep workers busy.
+        wait_s: the manager's wait quantum; results are handled as soon as they arrive.
+        progress: show a rich progress bar on the terminal.
+    """
+
+    max_retries: int = 3
+    no_worker_timeout_s: float = 60.0
+    timeout_s: float | None = None
+    max_bundle_tasks: int = 512
+    target_bundle_s: float = 0.25
+    bundles_per_slot: int = 2
+    wait_s: float = 0.5
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_bundle_tasks", "bundles_per_slot"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("no_worker_timeout_s", "target_bundle_s", "wait_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"RunConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.max_retries < 0:
+            raise ConfigError(f"RunConfig.max_retries must be >= 0, got {self.max_retries}")
+
+    def replace(self, **changes: object) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class LocalWorkersConfig:
+    """Local ``vine_worker`` processes on 127.0.0.1 (the embedded default pool)."""
+
+    workers: int = 2
+    cores: int = 1
+    memory_mb: int | None = None
+    disk_mb: int | None = None
+    features: tuple[str, ...] = ()
+    idle_timeout_s: int = 900
+    connect_timeout_s: float = 60.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ConfigError(f"workers must be >= 0, got {self.workers}")
+        if self.cores < 1:
+            raise ConfigError(f"cores must be >= 1, got {self.cores}")

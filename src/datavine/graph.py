@@ -1,0 +1,104 @@
+"""Normalise what dask hands a scheduler into one DAG of task-spec nodes.
+
+dask >= 2025.4 hands ``get`` an expression (``_HLGExprSequence``); older dask, and
+dask-awkward/coffea users today, hand a classic dict graph (tuples, possibly inside a
+HighLevelGraph). Both become ``{key: GraphNode}`` from ``dask._task_spec``, culled to what the
+requested keys need, with dependency and dependent maps and dask's own priorities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dask._task_spec import DataNode, GraphNode, convert_legacy_graph
+from dask.core import flatten
+from dask.order import order
+from dask.utils import key_split
+
+Key = Hashable
+
+
+class GraphError(ValueError):
+    """The graph handed to datavine is malformed; the message names the key at fault."""
+
+
+@dataclass
+class TaskGraph:
+    """A culled DAG ready for scheduling.
+
+    Attributes:
+        nodes: key -> executable node (``node(values)`` runs it).
+        dependencies: key -> keys it needs.
+        dependents: key -> keys that need it.
+        priority: dask.order's priority (lower runs first; depth-first, memory friendly).
+        outputs: the flat set of keys the caller asked for.
+    """
+
+    nodes: dict[Key, GraphNode]
+    dependencies: dict[Key, frozenset[Key]]
+    dependents: dict[Key, set[Key]]
+    priority: dict[Key, int]
+    outputs: set[Key]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def category(self, key: Key) -> str:
+        """The task's category: dask's key prefix, e.g. ``'sum-aggregate'``."""
+        return key_split(key)
+
+
+def to_mapping(dsk: Any) -> Mapping[Key, Any]:
+    """Whatever dask passed as ``dsk`` (dict, HighLevelGraph, expression) as a mapping."""
+    if isinstance(dsk, Mapping):
+        return dsk
+    if hasattr(dsk, "__dask_graph__"):
+        graph = dsk.__dask_graph__()
+        return graph if isinstance(graph, Mapping) else dict(graph)
+    raise GraphError(f"cannot schedule a {type(dsk).__name__}: expected a dask graph or expression")
+
+
+def build(dsk: Any, keys: Any) -> TaskGraph:
+    """Normalise ``dsk`` and cull it to what ``keys`` (a nested list of keys) need."""
+    outputs = set(flatten(keys)) if isinstance(keys, list) else {keys}
+    nodes = convert_legacy_graph(dict(to_mapping(dsk)))
+    missing = [k for k in outputs if k not in nodes]
+    if missing:
+        raise GraphError(f"requested key(s) not in the graph: {missing[:5]}")
+    needed = _cull(nodes, outputs)
+    dependencies = {k: frozenset(nodes[k].dependencies) for k in needed}
+    dependents: dict[Key, set[Key]] = {k: set() for k in needed}
+    for key, deps in dependencies.items():
+        for dep in deps:
+            dependents[dep].add(key)
+    sub = {k: nodes[k] for k in needed}
+    return TaskGraph(sub, dependencies, dependents, order(sub), outputs)
+
+
+def _cull(nodes: Mapping[Key, GraphNode], outputs: Iterable[Key]) -> set[Key]:
+    needed: set[Key] = set()
+    stack = list(outputs)
+    while stack:
+        key = stack.pop()
+        if key in needed:
+            continue
+        node = nodes.get(key)
+        if node is None:
+            raise GraphError(f"task dependency {key!r} is not in the graph")
+        needed.add(key)
+        stack.extend(d for d in node.dependencies if d not in needed)
+    return needed
+
+
+def pack_results(keys: Any, values: Mapping[Key, Any]) -> Any:
+    """Arrange ``values`` in the nested structure of ``keys``, as dask's schedulers return."""
+    if isinstance(keys, list):
+        return [pack_results(k, values) for k in keys]
+    return values[keys]
+
+
+def is_trivial(node: GraphNode) -> bool:
+    """Literal data nodes cost nothing to run anywhere."""
+    return isinstance(node, DataNode)

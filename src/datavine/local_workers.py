@@ -1,0 +1,112 @@
+"""Local ``vine_worker`` processes on 127.0.0.1: the embedded default worker pool.
+
+Each worker runs in its own process group so that stopping it also stops the library
+processes it forked (they can outlive a worker that exits: FINDINGS). Workers get the
+manager's password file, their rack/feature labels, and a PATH whose ``python`` is this
+interpreter, so libraries run in the same environment as the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from datavine.binaries import vine_binary
+from datavine.config import LocalWorkersConfig
+
+STOP_GRACE_S = 5.0
+
+
+def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
+                   password_file: Path | None, ssl: bool, host: str = "127.0.0.1") -> list[str]:
+    """The ``vine_worker`` command line for one local worker (pure)."""
+    cmd = [str(vine_binary("vine_worker")), host, str(port), "--cores", str(cfg.cores),
+           "--workspace", str(workdir), "--timeout", str(cfg.idle_timeout_s)]
+    if cfg.memory_mb:
+        cmd += ["--memory", str(cfg.memory_mb)]
+    if cfg.disk_mb:
+        cmd += ["--disk", str(cfg.disk_mb)]
+    if password_file:
+        cmd += ["--password", str(password_file)]
+    if ssl:
+        cmd.append("--ssl")
+    for feature in cfg.features:
+        cmd += ["--feature", feature]
+    return cmd
+
+
+def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for workers: this interpreter first on PATH, single-threaded BLAS."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    env.update(extra or {})
+    return env
+
+
+class LocalWorkers:
+    """Start, watch and stop local workers connected to a manager on this host."""
+
+    def __init__(self, cfg: LocalWorkersConfig, port: int, run_dir: Path, *,
+                 password_file: Path | None, ssl: bool = False) -> None:
+        self.cfg = cfg
+        self.port = port
+        self.run_dir = Path(run_dir)
+        self.password_file = password_file
+        self.ssl = ssl
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, count: int | None = None, features: tuple[str, ...] | None = None) -> None:
+        n = self.cfg.workers if count is None else count
+        cfg = self.cfg if features is None else _with_features(self.cfg, features)
+        for _ in range(n):
+            index = len(self.procs)
+            workdir = self.run_dir / f"worker-{index}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            log = open(self.run_dir / f"worker-{index}.log", "ab")  # noqa: SIM115
+            cmd = worker_command(cfg, self.port, workdir, password_file=self.password_file,
+                                 ssl=self.ssl)
+            self.procs.append(subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=worker_environment(cfg.extra_env), start_new_session=True))
+            log.close()
+
+    def alive(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    def kill(self, index: int) -> None:
+        """Kill one worker and its libraries at once (for failure tests)."""
+        _signal_group(self.procs[index], signal.SIGKILL)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc, signal.SIGKILL)  # libraries left in the group
+            try:
+                proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _with_features(cfg: LocalWorkersConfig, features: tuple[str, ...]) -> LocalWorkersConfig:
+    from dataclasses import replace
+
+    return replace(cfg, features=tuple(cfg.features) + tuple(features))
