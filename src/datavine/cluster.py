@@ -60,7 +60,7 @@ class Cluster:
     @property
     def _rt(self) -> Runtime:
         if self.runtime is None:
-            raise RuntimeError("the cluster is not started: use it in a 'with' block or call start()")
+            raise RuntimeError("the cluster is not started: use 'with' or call start()")
         return self.runtime
 
     def start(self) -> Cluster:

@@ -8,6 +8,7 @@ interpreter, so libraries run in the same environment as the caller.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -87,23 +88,17 @@ class LocalWorkers:
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             _signal_group(proc, signal.SIGKILL)  # libraries left in the group
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
         self.procs.clear()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _with_features(cfg: LocalWorkersConfig, features: tuple[str, ...]) -> LocalWorkersConfig:
