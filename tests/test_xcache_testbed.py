@@ -1,0 +1,227 @@
+"""Real-server tests: an origin and 4 XCache shards (racks A,A,B,B) on loopback.
+
+The files are split: the first 8 are read through their own shards (cold, then warm), the
+last 4 are used by the failover tests, which read through other shards or the origin.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datavine.shards import ShardHealth, ShardMap
+from tests.fixtures_xcache import xcache_lfns
+
+pytestmark = pytest.mark.xcache
+
+CACHE_FILES = xcache_lfns()[:8]
+FAILOVER_FILES = xcache_lfns()[8:]
+BRANCHES = ["Jet_pt", "nJet"]
+
+
+def _read(url: str, **kwargs: object) -> tuple[dict[str, np.ndarray], int]:
+    from datavine.xcache.reader import bytes_read, uproot_open
+
+    with uproot_open(url, **kwargs) as f:
+        arrays = f["Events"].arrays(BRANCHES, library="np")
+        return arrays, bytes_read(f)
+
+
+def _local(data: Path, lfn: str) -> dict[str, np.ndarray]:
+    return _read(str(data / lfn.lstrip("/")))[0]
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return all(np.array_equal(a[k], b[k]) for k in BRANCHES)
+
+
+def test_servers_run_as_real_processes(xcache_testbed) -> None:
+    tb = xcache_testbed
+    servers = [tb.origin, *tb.shards]
+    assert all(s.pid is not None for s in servers)
+    assert len({s.port for s in servers}) == len(servers)
+    assert [s.rack for s in tb.shards] == ["A", "A", "B", "B"]
+    for s in servers:
+        assert s.log.exists(), s.log
+        assert Path(f"/proc/{s.pid}").exists()
+    if os.geteuid() == 0:  # xrootd dropped root: the process belongs to user xrootd
+        import pwd
+
+        uid = pwd.getpwnam("xrootd").pw_uid
+        assert all(Path(f"/proc/{s.pid}").stat().st_uid == uid for s in servers)
+
+
+@pytest.fixture(scope="module")
+def two_passes(xcache_testbed, xcache_data):
+    """Read CACHE_FILES through their shards twice; statistics before, after each pass."""
+    tb = xcache_testbed
+    smap = tb.shard_map()
+    before = tb.cache_stats()
+    timings = []
+    for _ in range(2):
+        t0, nbytes = time.perf_counter(), 0
+        for lfn in CACHE_FILES:
+            arrays, n = _read(smap.rewrite(tb.origin_url + "/" + lfn))
+            assert _same(arrays, _local(xcache_data, lfn)), lfn
+            nbytes += n
+        timings.append((nbytes, time.perf_counter() - t0))
+        time.sleep(0.3)  # the caches update .cinfo files when they detach closed files
+    after = tb.cache_stats()
+    return smap, before, after, timings
+
+
+def test_each_file_is_cached_only_in_its_own_shard(two_passes) -> None:
+    smap, _, after, _ = two_passes
+    shard_of = {s.name: int(s.name.split("-")[1]) for s in smap.shards}
+    owners = {lfn: shard_of[smap.shard_for(lfn).name] for lfn in CACHE_FILES}
+    assert len(set(owners.values())) >= 3, owners  # the files really are spread
+    for lfn, owner in owners.items():
+        assert after.holders(lfn) == [owner], (lfn, after.holders(lfn))
+        assert after.origin.opens_by_file.get(lfn) == 1, after.origin.opens_by_file
+    for i, files in after.shards.items():
+        assert all(owners[lfn] == i for lfn in files if lfn in owners)
+
+
+def test_second_pass_is_served_from_the_caches(xcache_testbed, two_passes) -> None:
+    _, before, after, _ = two_passes
+    for lfn in CACHE_FILES:
+        st = next(files[lfn] for files in after.shards.values() if lfn in files)
+        assert st.accesses == 2
+        assert st.bytes_miss > 0  # the cold pass fetched from the origin
+        assert st.bytes_hit >= st.bytes_miss  # the warm pass re-read it all from the cache
+    # A third look, now: the origin served nothing more since the two passes.
+    tb = xcache_testbed
+    for lfn in CACHE_FILES:
+        _read(tb.shard_map().rewrite(lfn))
+    time.sleep(0.3)
+    now = tb.cache_stats()
+    assert now.origin.opens == after.origin.opens
+    assert now.origin.read_requests == after.origin.read_requests
+    assert now.origin.bytes_out == after.origin.bytes_out
+    assert now.origin.opens_by_file == after.origin.opens_by_file
+    assert after.origin.opens - before.origin.opens == len(CACHE_FILES)
+
+
+def test_stopped_shard_fails_over_in_seconds(xcache_testbed, xcache_data) -> None:
+    from datavine.xcache.reader import open_with_failover
+
+    tb = xcache_testbed
+    smap: ShardMap = tb.shard_map()
+    lfn = FAILOVER_FILES[0]
+    owner = smap.shard_for(lfn)
+    index = int(owner.name.split("-")[1])
+    health = ShardHealth(cooldown_s=30)
+    url = tb.origin_url + "/" + lfn
+    tb.stop_shard(index)
+    try:
+        t0 = time.monotonic()
+        f, record = open_with_failover(url, smap, health)
+        elapsed = time.monotonic() - t0
+        with f:
+            arrays = f["Events"].arrays(BRANCHES, library="np")
+        assert _same(arrays, _local(xcache_data, lfn))
+        assert elapsed < 5.0, elapsed
+        assert record.failovers == 1
+        assert record.errors[0][0] == owner.name
+        assert record.server == smap.ranked(lfn)[1].name
+        assert not health.is_healthy(owner, time.monotonic())
+        # While it cools down, the failed shard is not tried again.
+        f2, again = open_with_failover(url, smap, health)
+        f2.close()
+        assert again.failovers == 0 and again.server == record.server
+    finally:
+        tb.start_shard(index)
+    # Back in service for this process once XrdCl forgets the broken stream (5 s window).
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            arrays, _ = _read(smap.rewrite(url))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    assert _same(arrays, _local(xcache_data, lfn))
+
+
+def test_hung_shard_fails_over_within_seconds(xcache_testbed, xcache_data) -> None:
+    """A shard that accepts connections but never answers (SIGSTOP), not only a dead one."""
+    from datavine.xcache.reader import open_with_failover
+
+    tb = xcache_testbed
+    smap = tb.shard_map()
+    lfn = FAILOVER_FILES[3]
+    owner = smap.shard_for(lfn)
+    server = next(s for s in tb.shards if s.name == owner.name)
+    health = ShardHealth()
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        f, record = open_with_failover(tb.origin_url + "/" + lfn, smap, health)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    with f:
+        assert _same(f["Events"].arrays(BRANCHES, library="np"), _local(xcache_data, lfn))
+    assert record.failovers == 1 and record.errors[0][0] == owner.name
+    assert elapsed < 20.0, elapsed  # ~4 s on a new connection, ~14 s on an open one
+
+
+def test_all_shards_down_falls_back_to_the_origin(xcache_testbed, xcache_data) -> None:
+    from datavine.xcache.reader import open_with_failover
+
+    tb = xcache_testbed
+    smap = tb.shard_map()
+    lfn = FAILOVER_FILES[1]
+    health = ShardHealth()
+    now = time.monotonic()
+    for shard in smap.shards:
+        health.mark_failed(shard, now)
+    f, record = open_with_failover(tb.origin_url + "/" + lfn, smap, health, now=now)
+    with f:
+        assert _same(f["Events"].arrays(BRANCHES, library="np"), _local(xcache_data, lfn))
+    assert record.via_origin and record.failovers == 0
+    assert record.url.startswith(tb.origin_url)
+
+
+def test_http_on_a_shard_goes_through_its_cache(xcache_testbed, xcache_data) -> None:
+    tb = xcache_testbed
+    smap = tb.shard_map()
+    lfn = FAILOVER_FILES[2]
+    owner = smap.shard_for(lfn)
+    server = next(s for s in tb.shards if s.name == owner.name)
+    arrays, _ = _read(server.http_url + lfn)
+    assert _same(arrays, _local(xcache_data, lfn))
+    time.sleep(0.3)
+    assert tb.cache_stats(fresh=False).holders(lfn) == [server.index]
+
+
+def test_cli_starts_and_stops_on_sigterm(xcache_data) -> None:
+    cmd = [sys.executable, "-m", "datavine.xcache.testbed", "--data", str(xcache_data),
+           "--shards", "2", "--racks", "A,B"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("running"):
+                break
+        pids = [int(x.split(" pid ")[1].split()[0]) for x in lines if " pid " in x]
+        assert len(pids) == 3, lines
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert any("xcache-1 root://127.0.0.1:" in x and "rack B" in x for x in lines), lines
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+            f"/proc/{pid}/status").read_text().lower()
