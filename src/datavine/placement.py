@@ -80,7 +80,7 @@ class PlacementPolicy:
 
     ``cache_wait_s``: how long to hold out for a worker that already read the files before
     settling for one in the right rack. ``max_wait_s``: how long to hold out for any near
-    worker before running anywhere.
+    worker before running anywhere; it caps ``cache_wait_s`` too.
     """
 
     max_wait_s: float = 5.0
@@ -147,7 +147,8 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
     best_free = max((scores[w.id].tier for w in free), default=None)
 
     # The tier we still insist on, given how long the task has waited.
-    if waited_s < policy.cache_wait_s:
+    cache_wait_s = min(policy.cache_wait_s, policy.max_wait_s)
+    if waited_s < cache_wait_s:
         wanted = best_connected
     elif waited_s < policy.max_wait_s:
         wanted = min(best_connected, Tier.RACK)
@@ -157,7 +158,7 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
     if best_free is not None and best_free >= wanted:
         return _run([w for w in free if scores[w.id].tier == best_free], best_free)
     if wanted > Tier.FAR:
-        limit = policy.cache_wait_s if wanted == Tier.CACHED else policy.max_wait_s
+        limit = cache_wait_s if wanted == Tier.CACHED else policy.max_wait_s
         return Placement("hold", wanted, retry_after_s=max(limit - waited_s, 0.0),
                          reason=f"near workers ({wanted.name.lower()}) are busy; "
                                 f"waited {waited_s:.1f} s of {limit:.1f} s")
