@@ -81,11 +81,16 @@ def xcache_data() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def xcache_testbed(xcache_data: Path) -> Iterator[object]:
-    """A started :class:`~datavine.xcache.testbed.XCacheTestbed`: 4 shards on racks A,A,B,B."""
+def xcache_tools() -> None:
+    """Skips the test, with the reason, where the XRootD server or client is missing."""
     reason = xcache_missing()
     if reason:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def xcache_testbed(xcache_tools: None, xcache_data: Path) -> Iterator[object]:
+    """A started :class:`~datavine.xcache.testbed.XCacheTestbed`: 4 shards on racks A,A,B,B."""
     from datavine.xcache.testbed import XCacheTestbed
 
     with XCacheTestbed(xcache_data, n_shards=len(RACKS), racks=RACKS, blocksize="128k",

@@ -60,21 +60,33 @@ def test_servers_run_as_real_processes(xcache_testbed) -> None:
 
 @pytest.fixture(scope="module")
 def two_passes(xcache_testbed, xcache_data):
-    """Read CACHE_FILES through their shards twice; statistics before, after each pass."""
+    """Read CACHE_FILES through their shards twice: (map, stats before, stats after,
+    bytes uproot requested per file in each pass)."""
     tb = xcache_testbed
     smap = tb.shard_map()
     before = tb.cache_stats()
-    timings = []
+    requested: list[dict[str, int]] = []
     for _ in range(2):
-        t0, nbytes = time.perf_counter(), 0
+        requested.append({})
         for lfn in CACHE_FILES:
             arrays, n = _read(smap.rewrite(tb.origin_url + "/" + lfn))
             assert _same(arrays, _local(xcache_data, lfn)), lfn
-            nbytes += n
-        timings.append((nbytes, time.perf_counter() - t0))
-        time.sleep(0.3)  # the caches update .cinfo files when they detach closed files
+            requested[-1][lfn] = n
+    # A cache writes a file's access record (.cinfo) when it detaches the closed file.
+    _wait_for(lambda: all(_accesses(tb.cache_stats(fresh=False), f) == 2 for f in CACHE_FILES))
     after = tb.cache_stats()
-    return smap, before, after, timings
+    return smap, before, after, requested
+
+
+def _accesses(stats, lfn: str) -> int:
+    return sum(files[lfn].accesses for files in stats.shards.values() if lfn in files)
+
+
+def _wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
 
 
 def test_each_file_is_cached_only_in_its_own_shard(two_passes) -> None:
@@ -90,17 +102,18 @@ def test_each_file_is_cached_only_in_its_own_shard(two_passes) -> None:
 
 
 def test_second_pass_is_served_from_the_caches(xcache_testbed, two_passes) -> None:
-    _, before, after, _ = two_passes
+    _, before, after, requested = two_passes
     for lfn in CACHE_FILES:
         st = next(files[lfn] for files in after.shards.values() if lfn in files)
-        assert st.accesses == 2
-        assert st.bytes_miss > 0  # the cold pass fetched from the origin
-        assert st.bytes_hit >= st.bytes_miss  # the warm pass re-read it all from the cache
+        (cold_hit, cold_miss, _), (warm_hit, warm_miss, warm_bypass) = st.history
+        assert cold_miss > 0  # the cold pass fetched from the origin
+        assert cold_hit + cold_miss == requested[0][lfn]
+        assert (warm_hit, warm_miss, warm_bypass) == (requested[1][lfn], 0, 0)  # all hits
     # A third look, now: the origin served nothing more since the two passes.
     tb = xcache_testbed
     for lfn in CACHE_FILES:
         _read(tb.shard_map().rewrite(lfn))
-    time.sleep(0.3)
+    _wait_for(lambda: all(_accesses(tb.cache_stats(fresh=False), f) == 3 for f in CACHE_FILES))
     now = tb.cache_stats()
     assert now.origin.opens == after.origin.opens
     assert now.origin.read_requests == after.origin.read_requests
@@ -199,11 +212,11 @@ def test_http_on_a_shard_goes_through_its_cache(xcache_testbed, xcache_data) -> 
     server = next(s for s in tb.shards if s.name == owner.name)
     arrays, _ = _read(server.http_url + lfn)
     assert _same(arrays, _local(xcache_data, lfn))
-    time.sleep(0.3)
+    _wait_for(lambda: _accesses(tb.cache_stats(fresh=False), lfn) == 1)
     assert tb.cache_stats(fresh=False).holders(lfn) == [server.index]
 
 
-def test_cli_starts_and_stops_on_sigterm(xcache_data) -> None:
+def test_cli_starts_and_stops_on_sigterm(xcache_tools, xcache_data) -> None:
     cmd = [sys.executable, "-m", "datavine.xcache.testbed", "--data", str(xcache_data),
            "--shards", "2", "--racks", "A,B"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -39,6 +39,8 @@ class FileCacheStats:
     accesses: int
     file_size: int
     complete: bool
+    # (B_hit, B_miss, B_bypass) of each access, oldest first (the cache keeps the last 20).
+    history: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ def parse_cinfo_json(line: str, cache_dir: Path) -> FileCacheStats:
         accesses=int(doc.get("n_acc_total", len(accesses))),
         file_size=int(doc.get("file_size", 0)),
         complete=doc.get("state_complete") == "complete",
+        history=tuple((a.get("B_hit", 0), a.get("B_miss", 0), a.get("B_bypass", 0))
+                      for a in accesses),
     )
 
 
