@@ -41,7 +41,7 @@ from datavine.xcache.stats import (
     parse_origin_log,
     read_cache_dir,
 )
-from datavine.xcache.unix import check_reachable, free_ports, log_tail
+from datavine.xcache.unix import check_reachable, free_ports, log_tail, terminate
 
 # The readiness probe must fail fast while a server is still starting (see reader.py).
 _PROBE_ENV = {"XRD_CONNECTIONRETRY": "1", "XRD_CONNECTIONWINDOW": "2", "XRD_REQUESTTIMEOUT": "5"}
@@ -104,6 +104,7 @@ class XCacheTestbed:
         self.start_timeout_s = start_timeout_s
         self._user = user if os.geteuid() == 0 else None
         self._listener: SummaryListener | None = None
+        self._keep_workdir = False
         self.origin: ServerProcess | None = None
         self.shards: list[ServerProcess] = []
 
@@ -140,6 +141,7 @@ class XCacheTestbed:
             for server in [self.origin, *self.shards]:
                 self._wait_ready(server)
         except BaseException:
+            self._keep_workdir = True  # its logs say what went wrong
             self.stop()
             raise
         return self
@@ -147,11 +149,11 @@ class XCacheTestbed:
     def stop(self) -> None:
         """Stop every server (SIGTERM, then SIGKILL after 5 s); idempotent."""
         for server in [*self.shards, *([self.origin] if self.origin else [])]:
-            _terminate(server)
+            terminate(server.proc)
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        if self._workdir_arg is None and self.workdir is not None:
+        if self._workdir_arg is None and self.workdir is not None and not self._keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> XCacheTestbed:
@@ -162,7 +164,7 @@ class XCacheTestbed:
         self.stop()
 
     def stop_shard(self, index: int) -> None:
-        _terminate(self.shards[index])
+        terminate(self.shards[index].proc)
 
     def start_shard(self, index: int) -> None:
         server = self.shards[index]
@@ -226,7 +228,8 @@ class XCacheTestbed:
             cmd += ["-R", self._user]
         with open(server.paths.root / "stdout.txt", "ab") as out:
             server.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
+                                           stdin=subprocess.DEVNULL, cwd=server.paths.root,
+                                           start_new_session=True)
 
     def _wait_ready(self, server: ServerProcess) -> None:
         """Until the server answers a query over the xroot protocol, bounded."""
@@ -251,18 +254,6 @@ class XCacheTestbed:
             time.sleep(0.1)
         raise TestbedError(f"{server.name} did not answer on port {server.port} within "
                            f"{self.start_timeout_s} s; see {server.log}:\n{log_tail(server)}")
-
-
-def _terminate(server: ServerProcess) -> None:
-    proc = server.proc
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,11 +1,13 @@
-"""Host helpers for the testbed: free loopback ports, folder permissions, log tails."""
+"""Host helpers for the testbed: free loopback ports, folder permissions, logs, stopping."""
 
 from __future__ import annotations
 
 import grp
 import pwd
+import re
 import socket
 import stat
+import subprocess
 from pathlib import Path
 from typing import Protocol
 
@@ -63,9 +65,27 @@ def check_reachable(path: Path, user: str, need_read: bool) -> None:
         raise PermissionError(f"user {user} cannot list {path}: chmod o+rx {path}")
 
 
-def log_tail(server: _HasLog, lines: int = 15) -> str:
+def log_tail(server: _HasLog, lines: int = 12) -> str:
+    """The log's error lines (with the directive each names) and its last lines."""
     try:
         text = server.log.read_text(errors="replace").splitlines()
     except OSError:
         return f"(no log at {server.log})"
-    return "\n".join(text[-lines:])
+    bad = [bool(re.search(r"\berror\b|invalid|unable", x, re.I)) for x in text]
+    # An error in a directive is followed by the directive, echoed after "=====>".
+    errors = [x for i, x in enumerate(text) if bad[i] or (i > 0 and bad[i - 1]
+                                                          and x.startswith("=====>"))]
+    picked = [*errors[:10], "...", *text[-lines:]] if errors else text[-lines:]
+    return "\n".join(picked)
+
+
+def terminate(proc: subprocess.Popen[bytes] | None, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; reaps the process. No-op if it has exited."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace_s)
