@@ -212,7 +212,8 @@ def test_http_on_a_shard_goes_through_its_cache(xcache_testbed, xcache_data) -> 
     server = next(s for s in tb.shards if s.name == owner.name)
     arrays, _ = _read(server.http_url + lfn)
     assert _same(arrays, _local(xcache_data, lfn))
-    _wait_for(lambda: _accesses(tb.cache_stats(fresh=False), lfn) == 1)
+    # XrdHttp may open the file once per connection: one access record or more.
+    _wait_for(lambda: _accesses(tb.cache_stats(fresh=False), lfn) >= 1)
     assert tb.cache_stats(fresh=False).holders(lfn) == [server.index]
 
 
