@@ -124,12 +124,8 @@ def score(task: TaskInputs, worker: WorkerView) -> Score:
 
 def rank_workers(task: TaskInputs, workers: Iterable[WorkerView]) -> list[WorkerView]:
     """Workers best first: by score, then by free slots, then by id (deterministic)."""
-    return sorted(workers, key=lambda w: (score(task, w), w.free_slots, _neg(w.id)),
-                  reverse=True)
-
-
-def _neg(s: str) -> tuple[int, ...]:
-    return tuple(-ord(c) for c in s)
+    by_id = sorted(workers, key=lambda w: w.id)  # the sort below is stable, also reversed
+    return sorted(by_id, key=lambda w: (score(task, w), w.free_slots), reverse=True)
 
 
 def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
@@ -168,7 +164,7 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
 def _run(candidates: list[WorkerView], tier: Tier) -> Placement:
     """Run on ``candidates`` (free workers of one tier, best first)."""
     if tier == Tier.FAR:
-        return Placement("run", tier, reason="no near worker connected: any worker")
+        return Placement("run", tier, reason="no near worker to wait for: any worker")
     if tier == Tier.CACHED:
         return Placement("run", tier, workers=tuple(w.id for w in candidates),
                          reason="workers that already read its files")

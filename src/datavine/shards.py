@@ -85,8 +85,8 @@ class ShardHealth:
 
     cooldown_s: float = 30.0
     max_cooldown_s: float = 300.0
-    _until: dict[str, float] = field(default_factory=dict)
-    _strikes: dict[str, int] = field(default_factory=dict)
+    _until: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _strikes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def mark_failed(self, shard: Shard | str, now: float) -> float:
         """Record a failure at ``now``; returns the time until which the shard is skipped."""

@@ -88,8 +88,9 @@ class XCacheTestbed:
     """Origin + ``n_shards`` XCache servers on 127.0.0.1; see the module docstring."""
 
     def __init__(self, data_dir: str | os.PathLike[str], n_shards: int = 4,
-                 racks: Sequence[str] | None = None, workdir: str | os.PathLike[str] | None = None,
-                 blocksize: str = "128k", *, http: bool = False, prefetch: int = 0,
+                 racks: Sequence[str | None] | None = None,
+                 workdir: str | os.PathLike[str] | None = None, blocksize: str = "128k", *,
+                 http: bool = False, prefetch: int = 0,
                  ram: str = "1g", user: str = "xrootd", start_timeout_s: float = 30.0) -> None:
         if n_shards < 1:
             raise ValueError("n_shards must be >= 1")
