@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from datavine.errors import DatavineError
 from datavine.shards import Shard, ShardMap
 from datavine.xcache.config import ServerPaths, origin_config, shard_config
 from datavine.xcache.stats import (
@@ -47,7 +48,7 @@ from datavine.xcache.unix import check_reachable, free_ports, log_tail, terminat
 _PROBE_ENV = {"XRD_CONNECTIONRETRY": "1", "XRD_CONNECTIONWINDOW": "2", "XRD_REQUESTTIMEOUT": "5"}
 
 
-class TestbedError(RuntimeError):
+class TestbedError(DatavineError):
     """A server of the testbed did not start or stop as expected; the message names its log."""
 
 
