@@ -30,10 +30,10 @@ class PoolStatus:
     Attributes:
         name, batch, manager: which pool, of which kind, serving which manager (host:port).
         running: the pool's own process (the factory) is alive.
-        workers_connected: workers connected to the manager; ``None`` when it could not be
-            asked (``detail`` says why).
-        jobs: batch jobs by state (``idle``, ``running``, ``held``...) for a batch system;
-            worker processes (``running``) for a local pool.
+        workers_connected: workers connected to the manager, from any pool (the manager
+            does not tell whose they are); ``None`` when it could not be asked.
+        jobs: this pool's batch jobs by state (``idle``, ``running``, ``held``...), or its
+            worker processes (``running``) for a local pool; ``None`` when unknown.
         detail: why something is unknown, or other remarks.
     """
 
@@ -42,13 +42,25 @@ class PoolStatus:
     manager: str
     running: bool
     workers_connected: int | None
-    jobs: dict[str, int] = field(default_factory=dict)
+    jobs: dict[str, int] | None = field(default_factory=dict)
     detail: str = ""
+
+    @property
+    def ready_workers(self) -> int:
+        """This pool's workers connected to the manager, as far as can be told: the
+        manager's count, capped by the pool's running jobs when those are known."""
+        connected = self.workers_connected or 0
+        if self.jobs is None:
+            return connected
+        return min(connected, self.jobs.get("running", 0))
 
     def summary(self) -> str:
         state = "running" if self.running else "stopped"
         connected = "?" if self.workers_connected is None else str(self.workers_connected)
-        jobs = ", ".join(f"{n} {s}" for s, n in sorted(self.jobs.items())) or "none"
+        if self.jobs is None:
+            jobs = "unknown"
+        else:
+            jobs = ", ".join(f"{n} {s}" for s, n in sorted(self.jobs.items())) or "none"
         line = (f"{self.name} ({self.batch}): factory {state}, manager {self.manager}, "
                 f"{connected} worker(s) connected, jobs: {jobs}")
         return f"{line} [{self.detail}]" if self.detail else line
@@ -76,14 +88,14 @@ class WorkerPool:
         deadline = time.monotonic() + timeout_s
         while True:
             status = self.status()
-            if (status.workers_connected or 0) >= n:
+            if status.ready_workers >= n:
                 return status
             if not status.running:
                 raise PoolError(f"pool {status.name!r} stopped while waiting for {n} workers: "
                                 f"{status.summary()}")
             if time.monotonic() >= deadline:
                 raise PoolTimeoutError(
-                    f"only {status.workers_connected or 0} of {n} worker(s) connected to the "
+                    f"only {status.ready_workers} of {n} worker(s) connected to the "
                     f"manager at {status.manager} after {timeout_s:.0f} s "
                     f"(pool {status.name!r}: {status.summary()})")
             time.sleep(poll_s)

@@ -121,7 +121,8 @@ class CondorPool(FactoryPool):
         counts = Counter(JOB_STATES.get(int(s), s) for s in result.stdout.split())
         return dict(counts)
 
-    def _remove_jobs(self, timeout_s: float) -> None:
+    def _remove_jobs(self, timeout_s: float, factory_seen: bool) -> None:
+        # Jobs are found by the pool's name, whoever started the factory.
         try:
             jobs = self._jobs()
         except PoolError:

@@ -45,7 +45,8 @@ from datavine.pools.state import (
 )
 
 STOP_TIMEOUT_S = 30.0
-STARTUP_CHECK_S = 1.0  # a factory with a bad option or no batch system exits within this
+_BACKENDS: dict[str, type[FactoryPool]] = {}
+STARTUP_CHECK_S = 0.5  # a factory with a bad option or no batch system exits within this
 
 
 def worker_environment() -> dict[str, str]:
@@ -76,16 +77,24 @@ def factory_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z" and b"vine_factory" in cmdline
 
 
+def pool_class(batch: str) -> type[FactoryPool]:
+    """The FactoryPool subclass for a batch system (``condor``, ``local``)."""
+    try:
+        return _BACKENDS[batch]
+    except KeyError:
+        raise PoolError(f"no worker pool for batch {batch!r} (known: {sorted(_BACKENDS)})") \
+            from None
+
+
 class FactoryPool(WorkerPool):
     """A pool of workers submitted by one ``vine_factory``; subclasses pick the batch."""
 
     batch: ClassVar[str]
-    _backends: ClassVar[dict[str, type[FactoryPool]]] = {}
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "batch" in cls.__dict__:
-            FactoryPool._backends[cls.batch] = cls
+            _BACKENDS[cls.batch] = cls
 
     def __init__(self, config: FactoryConfig, *, name: str = "default",
                  pool_dir: Path | None = None) -> None:
@@ -108,8 +117,12 @@ class FactoryPool(WorkerPool):
         """The pool's worker jobs by state."""
         raise NotImplementedError(f"{type(self).__name__}._jobs")
 
-    def _remove_jobs(self, timeout_s: float) -> None:
-        """Make sure no worker job of this pool is left; raise PoolError if some are."""
+    def _remove_jobs(self, timeout_s: float, factory_seen: bool) -> None:
+        """Make sure no worker job of this pool is left; raise PoolError if some are.
+
+        ``factory_seen``: the factory was alive when ``stop`` began (so its pid, and the
+        process group it leads, are surely this pool's).
+        """
         raise NotImplementedError(f"{type(self).__name__}._remove_jobs")
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -128,10 +141,8 @@ class FactoryPool(WorkerPool):
         state = read_state(pool_dir, name)
         if state is None:
             raise PoolError(f"no pool named {name!r} in {pool_dir}")
-        backend = cls._backends.get(state.batch)
-        if backend is None:
-            raise PoolError(f"pool {name!r} has unknown batch {state.batch!r}")
-        pool = backend(config_from_dict(state.config), name=name, pool_dir=pool_dir)
+        pool = pool_class(state.batch)(config_from_dict(state.config), name=name,
+                                       pool_dir=pool_dir)
         pool.pid = state.pid
         return pool
 
@@ -176,19 +187,21 @@ class FactoryPool(WorkerPool):
         if self.pid is None:
             state = read_state(self.pool_dir, self.name)
             self.pid = state.pid if state else None
-        if self.pid is not None and self.running:
+        pid = self.pid
+        factory_seen = pid is not None and self.running
+        if pid is not None and factory_seen:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)  # the factory removes its workers
+                os.kill(pid, signal.SIGTERM)  # the factory removes its workers
             deadline = time.monotonic() + timeout_s
             while self.running and time.monotonic() < deadline:
                 time.sleep(0.1)
             if self.running:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pid, signal.SIGKILL)
+                    os.killpg(pid, signal.SIGKILL)
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=5)
-        self._remove_jobs(timeout_s)
+        self._remove_jobs(timeout_s, factory_seen)
         remove_state(self.pool_dir, self.name)
         self.pid, self._proc = None, None
 
@@ -202,10 +215,11 @@ class FactoryPool(WorkerPool):
         except ManagerQueryError as exc:
             connected = None
             details.append(str(exc))
+        jobs: dict[str, int] | None
         try:
             jobs = self._jobs()
         except PoolError as exc:
-            jobs = {}
+            jobs = None
             details.append(str(exc))
         return PoolStatus(name=self.name, batch=self.batch, manager=cfg.manager,
                           running=self.running, workers_connected=connected, jobs=jobs,

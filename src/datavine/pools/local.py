@@ -19,24 +19,26 @@ from datavine.pools.factory import FactoryConfig
 from datavine.pools.factory_pool import FactoryPool
 
 
-def _processes() -> list[tuple[int, str, int]]:
-    """(pid, command name, process group) of every process."""
+def _group(pgid: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of the members of a process group."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        pgrp = int(stat.rsplit(")", 1)[1].split()[2])
-        out.append((int(entry.name), comm, pgrp))
+        if int(fields[2]) == pgid:
+            out.append((int(entry.name), int(fields[1])))
     return out
 
 
-def _group(pgid: int) -> list[tuple[int, str]]:
-    return [(pid, comm) for pid, comm, pgrp in _processes() if pgrp == pgid]
+def _mentions_vine(pid: int) -> bool:
+    try:
+        return b"vine" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 class LocalFactoryPool(FactoryPool):
@@ -55,22 +57,26 @@ class LocalFactoryPool(FactoryPool):
         return cmd, full
 
     def _jobs(self) -> dict[str, int]:
-        # Workers stay in the factory's process group (its pid: it leads its own session).
+        # The factory forks one child per worker job (``sh -c ./vine_worker ...``); they
+        # stay in its process group, whose id is the factory's pid (it leads its session).
         if self.pid is None:
             return {}
-        n = sum(comm == "vine_worker" for _, comm in _group(self.pid))
+        n = sum(ppid == self.pid for _, ppid in _group(self.pid))
         return {"running": n} if n else {}
 
-    def _remove_jobs(self, timeout_s: float) -> None:
+    def _remove_jobs(self, timeout_s: float, factory_seen: bool) -> None:
         # The factory kills its workers when it stops, and they have a parent-death signal;
         # what is left of the pool's process group (a library a worker forked) ends here.
+        # A group id is not reused while the group has members, so after a factory seen
+        # alive the group is surely the pool's; otherwise only vine processes are touched.
         if self.pid is None:
             return
         deadline = time.monotonic() + timeout_s
-        while left := _group(self.pid):
+        while left := [pid for pid, _ in _group(self.pid)
+                       if factory_seen or _mentions_vine(pid)]:
             if time.monotonic() > deadline:
                 raise PoolError(f"processes of pool {self.name!r} survive SIGKILL: {left}")
-            for pid, _ in left:
+            for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
