@@ -180,6 +180,17 @@ def test_cli_wait_times_out_naming_manager_and_count(fake_backend: type[FakePool
     assert fake_backend.started[0].config.min_workers == 0
 
 
+def test_cli_wait_targets_the_pre_started_workers(fake_backend: type[FakePool],
+                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(FakePool, "status", lambda self: PoolStatus(
+        self.name, "local", self.config.manager, True, 1, {"running": 1}))
+    rc = pool_cli.main(["pool", "start", "--workers", "4", "--min-workers", "1", "--manager",
+                        "127.0.0.1:9555", "--wait", "--timeout", "1", "--pool-dir",
+                        str(tmp_path)])
+    assert rc == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("manager", ["nohost", "host:", ":9123", "host:port"])
 def test_cli_rejects_a_bad_manager_address(manager: str) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -4,10 +4,13 @@
 #
 #   bash workers/condor/start_pool.sh          # ~3 s from master start to the first slot
 #
-# 1. mounts, at identical paths inside the chroot: /proc; /dev and /sys (recursive binds,
-#    made slaves so that unmounting them later cannot propagate to the host); read-only
-#    binds of build/cctools, .venv, src and the Python behind .venv; a read-write bind of
-#    the pools' folder (build/pools: factory scratch, submit files, job logs);
+# 1. mounts inside the chroot: a fresh /proc and /sys; a private /dev (a small tmpfs with
+#    the host's null, zero, full, random, urandom and tty bound in, and its own /dev/shm);
+#    read-only binds, at identical paths, of build/cctools, .venv, src and the Python
+#    behind .venv; a read-write bind of the pools' folder (build/pools: factory scratch,
+#    submit files, job logs). Nothing writable of the host's is reachable through the chroot
+#    but build/pools, so even `rm -rf build/` with the pool up cannot reach the host's /dev;
+#    every mount is private, so unmounting cannot propagate to the host;
 # 2. copies condor_config.local into the chroot and starts condor_master (it daemonizes);
 # 3. waits, at most DATAVINE_CONDOR_START_TIMEOUT seconds (default 60), for a slot in
 #    condor_status, else prints the daemon logs and fails.
@@ -49,13 +52,21 @@ bind_same_path() {  # bind_same_path HOST_DIR ro|rw
   return 0
 }
 t0=$(date +%s.%N)
-is_mounted "$CHROOT/proc" || mount -t proc proc "$CHROOT/proc"
-for d in dev sys; do
-  if ! is_mounted "$CHROOT/$d"; then
-    mount --rbind "/$d" "$CHROOT/$d"
-    mount --make-rslave "$CHROOT/$d"
-  fi
-done
+is_mounted "$CHROOT/proc" || mount -t proc -o nosuid,nodev,noexec proc "$CHROOT/proc"
+is_mounted "$CHROOT/sys" || mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$CHROOT/sys"
+if ! is_mounted "$CHROOT/dev"; then
+  mount -t tmpfs -o mode=0755,size=1m,nosuid,noexec datavine-dev "$CHROOT/dev"
+  for node in null zero full random urandom tty; do
+    touch "$CHROOT/dev/$node"
+    mount --bind "/dev/$node" "$CHROOT/dev/$node"
+  done
+  ln -s /proc/self/fd "$CHROOT/dev/fd"
+  ln -s /proc/self/fd/0 "$CHROOT/dev/stdin"
+  ln -s /proc/self/fd/1 "$CHROOT/dev/stdout"
+  ln -s /proc/self/fd/2 "$CHROOT/dev/stderr"
+  mkdir -m 1777 "$CHROOT/dev/shm"
+  mount -t tmpfs -o mode=1777,size=256m,nosuid,nodev datavine-shm "$CHROOT/dev/shm"
+fi
 while read -r d; do bind_same_path "$d" ro; done < <(ro_binds)
 mkdir -p "$SCRATCH"
 chown "$POOL_USER:$POOL_USER" "$SCRATCH"

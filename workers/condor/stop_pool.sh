@@ -7,8 +7,8 @@
 # 2. waits, at most DATAVINE_CONDOR_STOP_TIMEOUT seconds (default 30), for every process
 #    rooted in the chroot to exit; what is left (a vine_factory, a stray job) gets SIGTERM,
 #    then SIGKILL;
-# 3. unmounts everything under the chroot, deepest first (`umount -R` for the recursive
-#    /dev and /sys binds) and checks that nothing is left mounted.
+# 3. unmounts everything under the chroot, deepest first, and checks that nothing is left
+#    mounted.
 # The chroot itself stays (delete it only after this script succeeded). Idempotent.
 set -euo pipefail
 # shellcheck source=workers/condor/common.sh
@@ -46,11 +46,7 @@ if [ -n "$(chroot_pids)" ]; then
 fi
 
 for m in $(chroot_mounts); do
-  findmnt -rn "$m" >/dev/null || continue  # already gone with a recursive unmount
-  case "$m" in
-    "$CHROOT/dev" | "$CHROOT/sys") umount -R "$m" ;;
-    *) umount "$m" ;;
-  esac
+  umount "$m"
 done
 left=$(chroot_mounts)
 if [ -n "$left" ]; then

@@ -74,7 +74,8 @@ def add_pool_commands(subparsers: argparse._SubParsersAction) -> argparse.Argume
                        help="an extra line for the HTCondor submit file")
     start.add_argument("--debug-workers", action="store_true")
     start.add_argument("--wait", action="store_true",
-                       help="return once N workers are connected to the manager")
+                       help="return once the pool's pre-started workers (M, or N when M "
+                       "is 0) are connected to the manager")
     start.add_argument("--timeout", type=float, default=120.0, metavar="S",
                        help="with --wait: give up after S seconds (default 120)")
     start.set_defaults(func=cmd_start)
@@ -140,8 +141,10 @@ def cmd_start(args: argparse.Namespace) -> int:
           f"up to {cfg.workers} worker(s) for the manager at {cfg.manager}; "
           f"log {pool.log_path}")
     if args.wait:
+        # Only min_workers are started without work; with none, wait for work's N.
+        target = cfg.min_workers or cfg.workers
         try:
-            status = pool.wait_for_workers(args.workers, args.timeout)
+            status = pool.wait_for_workers(target, args.timeout)
         except PoolTimeoutError as exc:
             print(f"datavine pool start: {exc}; the pool is left running "
                   f"(datavine pool stop --name {pool.name})", file=sys.stderr)
