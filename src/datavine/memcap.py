@@ -1,0 +1,299 @@
+"""Worker side: run one call in a forked child under a memory cap, and measure its peak.
+
+In the persistent TaskVine library ('direct' mode: the library process itself calls
+``remote.run_bundle``) one call that grows without bound would take the library down, so
+the call runs in a child made by ``os.fork()``. The parent drains the child's result pipe
+(results of any size cannot deadlock), polls the RSS of the child's process group every
+``poll_s`` and SIGKILLs the group once it is over the cap. Peak = max(polled maximum, the
+child's ``ru_maxrss`` from ``os.wait4``). The child starts with the library's anonymous
+pages (``baseline_mb``): a cap reads "the process would show this RSS", as ``ps`` and
+TaskVine's resource monitor count it. A call that passes its cap and ends between two polls
+keeps its result; ``peak_mb > cap_mb`` tells, and :mod:`datavine.memory` learns from it.
+
+Fork safety (only the forking thread survives in the child):
+* No other thread may hold a lock at the fork (it would stay locked in the child): run the
+  library with ``OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1`` (``runtime.LIBRARY_ENV``).
+  Python resets its own locks (GIL, imports, logging) in the child.
+* The child computes and writes its pipe only, never the parent's connections (TaskVine's
+  pipes to the worker, sockets opened in the library). It dies with the thread that forked
+  it (``PR_SET_PDEATHSIG``): fork from the library's main thread. The library's SIGCHLD
+  handler is reset in the child (in the parent it sees our child exit: harmless).
+* ``gc.freeze()`` around the fork keeps the child's collections off the library's objects
+  (a full collection would otherwise copy most of the library's heap: 100s of ms).
+Imported on workers: keep the imports light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import cloudpickle
+
+from datavine.errors import DatavineError
+
+_PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+_FRAME = struct.Struct("!BQQ")  # kind (value or exception), traceback bytes, pickle bytes
+_VALUE, _EXCEPTION = 0, 1
+_PIPE_BYTES = 1 << 20  # fewer wake-ups for large results; capped by /proc/sys/fs/pipe-max-size
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_GONE = os.WEXITED | os.WNOHANG | os.WNOWAIT  # has it exited? (it stays a zombie)
+_prctl: Any = None  # libc prctl, loaded in the parent so that the child does not pay for it
+
+
+class ChildFailedError(DatavineError):
+    """The forked call ended without a usable result (signal, exit, unpicklable data)."""
+
+
+@dataclass(frozen=True)
+class CappedResult:
+    """How one forked call ended. ``ok``: ``value`` is its return value; else ``error`` is its
+    exception (re-created here) or a :class:`ChildFailedError`, with the child's formatted
+    ``traceback``. ``exceeded``: killed for going over ``cap_mb``. Sizes in MB (2**20 B);
+    ``baseline_mb``: the library's RSS at the fork; ``signal``: what ended the child."""
+
+    ok: bool
+    value: Any
+    error: BaseException | None
+    traceback: str | None
+    peak_mb: float
+    exceeded: bool
+    cap_mb: float | None
+    wall_s: float
+    baseline_mb: float = 0.0
+    signal: int | None = None
+
+
+def run_capped(fn: Callable[..., Any], args: tuple[Any, ...] = (),
+               kwargs: dict[str, Any] | None = None, *, cap_mb: float | None,
+               poll_s: float = 0.02, scan_every_s: float = 0.25) -> CappedResult:
+    """Run ``fn(*args, **kwargs)`` in a forked child, killed once over ``cap_mb`` MB.
+
+    ``cap_mb=None`` only measures. The child's RSS is read every ``poll_s``; the rest of its
+    process group (a ``/proc`` scan) every ``scan_every_s``, or more rarely when a scan is
+    slow (keeping it under ~5% of a core). Never raises for what happens in the child; an
+    exception in the parent (KeyboardInterrupt) kills the child and propagates."""
+    global _prctl
+    if _prctl is None:
+        _prctl = getattr(__import__("ctypes").CDLL(None), "prctl", False)
+    _flush_stdio()  # or the child would write the parent's buffered output a second time
+    started = time.perf_counter()
+    parent = os.getpid()
+    baseline_kb = _statm_kb(f"/proc/{parent}/statm")
+    r, w = os.pipe()  # not inheritable: exec'd grandchildren do not keep it open
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_BYTES)
+    gc.freeze()  # the child's collections then skip the library's objects: no mass COW copy
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _child(fn, args, kwargs or {}, w, parent)
+    gc.unfreeze()
+    os.close(w)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # the child does the same: whoever runs first makes the group
+    watch = _Watch(pid, cap_mb, scan_every_s)
+    try:
+        frame = _collect(r, watch, poll_s)
+    except BaseException:
+        _kill(pid)
+        raise
+    finally:
+        os.close(r)
+        status, maxrss_kb = _reap(pid)
+    peak_mb = max(watch.peak_kb, maxrss_kb) / 1024.0
+    outcome = _failed(f"killed after exceeding its memory cap: {peak_mb:.0f} MB > {cap_mb:.0f} "
+                      "MB") if watch.exceeded else _decode(frame, status)
+    return CappedResult(*outcome, peak_mb=peak_mb, exceeded=watch.exceeded, cap_mb=cap_mb,
+                        wall_s=time.perf_counter() - started, baseline_mb=baseline_kb / 1024.0,
+                        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+
+
+def measure_peak(fn: Callable[..., Any], args: tuple[Any, ...] = (),
+                 kwargs: dict[str, Any] | None = None) -> tuple[Any, float]:
+    """Run ``fn`` here (no fork): its value and this process's peak RSS (MB) during the call.
+    The peak mark is reset first (``/proc/self/clear_refs``); where that is refused, the
+    lifetime peak is returned, an upper bound. Exceptions of ``fn`` propagate."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # 5: reset the peak RSS (VmHWM, which ru_maxrss follows) to the current RSS
+    value = fn(*args, **(kwargs or {}))
+    return value, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# --- parent side ------------------------------------------------------------------------------
+class _Watch:
+    """RSS of the child's process group: the child every poll, the others every scan."""
+
+    def __init__(self, pid: int, cap_mb: float | None, scan_every_s: float) -> None:
+        self.pid = pid
+        self.cap_kb = None if cap_mb is None else cap_mb * 1024.0
+        self.scan_every_s = scan_every_s
+        self.next_scan = time.monotonic() + scan_every_s
+        self.others_kb = self.peak_kb = 0
+        self.exceeded = False
+
+    def over_cap(self) -> bool:
+        own = _statm_kb(f"/proc/{self.pid}/statm")
+        now = time.monotonic()
+        if now >= self.next_scan:
+            self.others_kb = _group_rss_kb(self.pid)
+            self.next_scan = now + max(self.scan_every_s, 20 * (time.monotonic() - now))
+        total = own + self.others_kb
+        self.peak_kb = max(self.peak_kb, total)
+        self.exceeded = self.cap_kb is not None and total > self.cap_kb
+        return self.exceeded
+
+
+def _collect(r: int, watch: _Watch, poll_s: float) -> bytearray:
+    """Read the child's frame (into a buffer of its size) while checking its memory every
+    ``poll_s``. Returns what arrived: empty when the child was killed for its memory."""
+    frame, pos = bytearray(), 0
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    next_check = time.monotonic() + poll_s
+    while True:
+        if poller.poll(max(0.0, next_check - time.monotonic()) * 1000.0):
+            if not frame:  # the header: written at once, and pipes keep small writes whole
+                head = os.read(r, _FRAME.size)
+                if len(head) < _FRAME.size:
+                    return frame
+                _, tb_len, blob_len = _FRAME.unpack(head)
+                frame = bytearray(_FRAME.size + tb_len + blob_len)
+                frame[:_FRAME.size], got = head, _FRAME.size
+            else:
+                got = os.readv(r, [memoryview(frame)[pos:]])
+            pos += got
+            if pos == len(frame):
+                return frame
+            if not got:  # EOF: the child ended or died before its frame was whole
+                return frame[:pos]
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + poll_s
+            if watch.over_cap():
+                _kill(watch.pid)
+                return bytearray()
+            if not poller.poll(0) and os.waitid(os.P_PID, watch.pid, _GONE) is not None:
+                return frame[:pos]  # it is gone and a forked descendant holds the pipe
+
+
+Outcome = tuple[bool, Any, BaseException | None, str | None]  # ok, value, error, traceback
+
+
+def _decode(frame: bytearray, status: int) -> Outcome:
+    """The outcome told by the child's frame, or else by its exit status."""
+    if len(frame) >= _FRAME.size:
+        kind, tb_len, blob_len = _FRAME.unpack_from(frame)
+        if len(frame) == _FRAME.size + tb_len + blob_len:
+            tb = frame[_FRAME.size:_FRAME.size + tb_len].decode(errors="replace") or None
+            try:
+                obj = cloudpickle.loads(memoryview(frame)[_FRAME.size + tb_len:])
+            except Exception as exc:
+                what = "result" if kind == _VALUE else "exception"
+                return _failed(f"the call's {what} could not be unpickled: {exc!r}", tb)
+            return (True, obj, None, None) if kind == _VALUE else (False, None, obj, tb)
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status))
+        oom = " (out of memory? the kernel's OOM killer sends SIGKILL)" * (sig == signal.SIGKILL)
+        return _failed(f"the call's process was killed by {sig.name}{oom}")
+    return _failed(f"the call's process exited with status {os.waitstatus_to_exitcode(status)} "
+                   "without sending a result")
+
+
+def _failed(message: str, tb: str | None = None) -> Outcome:
+    return False, None, ChildFailedError(message), tb
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:  # no group yet: the child alone
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _reap(pid: int) -> tuple[int, int]:
+    """Wait for the child, kill what is left of its group (descendants the call left
+    behind), reap it: (status, ru_maxrss kB). Reaped last, the zombie child keeps its pid
+    (the group's id) from being taken by an unrelated process while the group is killed."""
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # retried on EINTR by Python
+    _kill(pid)
+    _, status, usage = os.wait4(pid, 0)
+    return status, usage.ru_maxrss
+
+
+def _group_rss_kb(pgid: int) -> int:
+    """Resident kB of the processes in group ``pgid`` other than its leader (a /proc scan)."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != pgid:
+            with contextlib.suppress(OSError, IndexError):  # OSError: it exited meanwhile
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()  # from field 3, "state"
+                if int(fields[2]) == pgid:  # field 5: pgrp; field 24: rss in pages
+                    total += int(fields[21]) * _PAGE_KB
+    return total
+
+
+def _statm_kb(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_KB
+    except (OSError, IndexError):
+        return 0  # it exited meanwhile
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+
+
+# --- child side -------------------------------------------------------------------------------
+def _child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], w: int,
+           parent: int) -> NoReturn:
+    """Run the call and send one frame; never returns into the caller's code."""
+    code = 70  # unless the frame is sent
+    try:
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+        if _prctl:
+            _prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == parent:  # else the parent died before the line above
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                kind, tb, blob = _VALUE, b"", _dumps(fn(*args, **kwargs))
+            except BaseException as exc:
+                tb = "".join(traceback.format_exception(exc)).encode(errors="replace")
+                kind, blob = _EXCEPTION, _dumps(exc)
+            for part in (_FRAME.pack(kind, len(tb), len(blob)), tb, blob):
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(w, view):]
+            _flush_stdio()
+            code = 0
+    finally:
+        os._exit(code)
+
+
+def _dumps(obj: Any) -> bytes:
+    """Pickle a result or an exception; what cannot be pickled becomes a ChildFailedError."""
+    try:
+        return cloudpickle.dumps(obj)
+    except Exception as exc:
+        if not isinstance(obj, BaseException):
+            raise ChildFailedError(f"the call's result ({type(obj).__name__}) cannot be "
+                                   f"pickled: {exc!r}") from exc
+        return cloudpickle.dumps(ChildFailedError(
+            f"{type(obj).__name__}: {obj} (this exception cannot be pickled)"))

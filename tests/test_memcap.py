@@ -1,0 +1,202 @@
+"""``memcap``: real forks, real allocations, real signals.
+
+Caps are set above this test process's own RSS (the child inherits it), so "100 MB over
+the baseline" is what a call may add before it is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from datavine.memcap import CappedResult, ChildFailedError, measure_peak, run_capped
+
+MB = 2**20
+
+
+def baseline_mb() -> float:
+    return psutil.Process().memory_info().rss / MB
+
+
+def allocate_and_hold(mb: int, hold_s: float) -> int:
+    block = np.ones(mb * MB // 8)  # ones, not zeros: every page is touched
+    time.sleep(hold_s)
+    return int(block[-1])
+
+
+def assert_no_children() -> None:
+    assert psutil.Process().children(recursive=True) == []
+
+
+def gone(pid: int, within_s: float = 5.0) -> bool:
+    """The process exited (a zombie waiting for init counts) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_trivial_call_returns_its_value_quickly() -> None:
+    results = [run_capped(lambda x: x + 1, (41,), cap_mb=baseline_mb() + 500) for _ in range(30)]
+    first = results[0]
+    assert first.ok and first.value == 42 and first.error is None and not first.exceeded
+    assert first.peak_mb > 0 and first.baseline_mb > 0 and first.signal is None
+    median_ms = statistics.median(r.wall_s for r in results) * 1e3
+    print(f"fork + return of a trivial call: median {median_ms:.2f} ms")
+    assert median_ms < 100  # ~2-10 ms on a loaded 2-core VM; a stall shows here
+    assert_no_children()
+
+
+def test_a_call_over_its_cap_is_killed_and_the_parent_goes_on() -> None:
+    cap = baseline_mb() + 100
+    over = run_capped(allocate_and_hold, (200, 5.0), cap_mb=cap)
+    assert over.exceeded and not over.ok and over.value is None
+    assert over.peak_mb >= cap and over.cap_mb == cap
+    assert over.signal == signal.SIGKILL
+    assert isinstance(over.error, ChildFailedError) and "memory cap" in str(over.error)
+    assert over.wall_s < 3.0  # killed while it held the memory, not after its 5 s
+    assert_no_children()
+    fits = run_capped(allocate_and_hold, (200, 0.1), cap_mb=baseline_mb() + 1000)
+    assert fits.ok and fits.value == 1 and not fits.exceeded
+    assert fits.peak_mb >= baseline_mb() + 180
+    assert_no_children()
+
+
+def test_without_a_cap_the_peak_is_only_measured() -> None:
+    result = run_capped(allocate_and_hold, (150, 0.0), cap_mb=None)
+    assert result.ok and not result.exceeded and result.cap_mb is None
+    assert result.peak_mb >= 140
+
+
+def test_descendants_count_towards_the_cap_and_die_with_the_call(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+
+    def spawn_hog() -> None:
+        hog = subprocess.Popen([sys.executable, "-c",
+                                "import time; b = b'x' * (300 << 20); time.sleep(30)"])
+        pid_file.write_text(str(hog.pid))
+        hog.wait()
+
+    result = run_capped(spawn_hog, cap_mb=baseline_mb() + 150, scan_every_s=0.1)
+    assert result.exceeded and result.peak_mb >= baseline_mb() + 150
+    assert result.wall_s < 10
+    assert gone(int(pid_file.read_text()))
+
+
+def test_processes_left_behind_by_a_call_are_killed() -> None:
+    def leave_a_sleeper() -> int:
+        return subprocess.Popen(["sleep", "30"]).pid
+
+    result = run_capped(leave_a_sleeper, cap_mb=None)
+    assert result.ok
+    assert gone(result.value), "the sleeper outlived its call"
+
+
+def test_exceptions_come_back_with_their_traceback() -> None:
+    def fails(n: int) -> None:
+        raise ValueError(f"bad input {n}")
+
+    result = run_capped(fails, (7,), cap_mb=None)
+    assert not result.ok and not result.exceeded
+    assert isinstance(result.error, ValueError) and str(result.error) == "bad input 7"
+    assert result.traceback and "in fails" in result.traceback
+    assert "ValueError: bad input 7" in result.traceback
+
+
+def test_what_cannot_be_pickled_is_reported() -> None:
+    import threading
+
+    class Unpicklable(Exception):
+        def __init__(self) -> None:
+            super().__init__("holds a lock")
+            self.lock = threading.Lock()
+
+    def raise_it() -> None:
+        raise Unpicklable()
+
+    bad_exc = run_capped(raise_it, cap_mb=None)
+    assert isinstance(bad_exc.error, ChildFailedError)
+    assert "Unpicklable" in str(bad_exc.error) and "in raise_it" in (bad_exc.traceback or "")
+    bad_value = run_capped(threading.Lock, cap_mb=None)
+    assert isinstance(bad_value.error, ChildFailedError)
+    assert "cannot be pickled" in str(bad_value.error)
+
+
+def test_a_segfault_is_reported() -> None:
+    result = run_capped(lambda: os.kill(os.getpid(), signal.SIGSEGV), cap_mb=None)
+    assert not result.ok and not result.exceeded
+    assert result.signal == signal.SIGSEGV and "SIGSEGV" in str(result.error)
+    assert_no_children()
+
+
+def test_an_exit_without_result_is_reported() -> None:
+    result = run_capped(lambda: os._exit(3), cap_mb=None)
+    assert not result.ok and "status 3" in str(result.error) and result.signal is None
+
+
+def test_large_results_come_back_intact() -> None:
+    expected = np.arange(50 * MB // 8, dtype=np.int64)
+    result = run_capped(lambda: (np.arange(50 * MB // 8, dtype=np.int64), b"z" * (50 * MB)),
+                        cap_mb=None)
+    assert result.ok
+    array, blob = result.value
+    assert np.array_equal(array, expected) and blob == b"z" * (50 * MB)
+    print(f"2 x 50 MB result: {result.wall_s * 1e3:.0f} ms")
+
+
+def test_an_exception_in_the_parent_kills_and_reaps_the_child() -> None:
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            run_capped(time.sleep, (10,), cap_mb=None)
+        assert time.monotonic() - started < 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert_no_children()
+
+
+def test_buffered_parent_output_is_not_written_twice(capfd: pytest.CaptureFixture[str]) -> None:
+    print("from-the-parent", end="")
+    result = run_capped(print, ("from-the-child",), cap_mb=None)
+    assert result.ok
+    out = capfd.readouterr().out
+    assert out.count("from-the-parent") == 1 and out.count("from-the-child") == 1
+
+
+def test_measure_peak_measures_one_call_in_process() -> None:
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("the peak mark cannot be reset here")
+    value, big = measure_peak(lambda: int(np.ones(150 * MB // 8).sum()))
+    assert value == 150 * MB // 8 and big >= baseline_mb() + 140
+    _, small = measure_peak(lambda: 1)
+    assert small < big - 100  # the mark was reset: the earlier call's peak is gone
+
+
+def test_the_result_type_is_a_frozen_dataclass() -> None:
+    result = run_capped(int, cap_mb=None)
+    assert isinstance(result, CappedResult)
+    with pytest.raises(AttributeError):
+        result.ok = False  # type: ignore[misc]
