@@ -40,9 +40,11 @@ NO_OPT_PYC = frozenset({"__pycache__/*.opt-*"})  # .pyc of -O/-OO runs: never us
 STDLIB_SKIP = NO_OPT_PYC | {"site-packages", "test", "tests", "idlelib", "tkinter",
                             "turtledemo", "ensurepip", "lib2to3", "config-*"}
 SOURCE_SKIP = frozenset({"__pycache__", "*.egg-info", "*.dist-info"})
-COMPRESSORS = {"gzip": (".tar.gz", ["gzip", "-6", "-n"]),
-               "zstd": (".tar.zst", ["zstd", "-3", "-T0", "-q"]),
-               "none": (".tar", None)}
+COMPRESSORS = {"gzip": (".tar.gz", ["gzip", "-6", "-n"]), "none": (".tar", None),
+               "zstd": (".tar.zst", ["zstd", "-3", "-T0", "-q"])}
+# For the runtime's manager.tune: TaskVine takes a file it sent as stored before the worker
+# stored it; a peer asked for it that early fails, and the task waits this long (default 15 s).
+MANAGER_TUNES = {"transient-error-interval": 2}
 RUN_IN_ENV = """#!/bin/sh
 # datavine's packed Python environment: run "$@" with this tree's Python first on PATH.
 env_dir=$(cd "$(dirname "$0")/.." && pwd -P)
@@ -83,8 +85,7 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class PackedEnv:
-    """A tarball with its sha256 and size (bytes); the environment's content ``key``, its
-    member count, the seconds its packing took, and whether this call reused it."""
+    """A tarball: sha256, size (bytes), content key, members, packing seconds, reused or not."""
 
     path: Path
     sha256: str
@@ -139,9 +140,9 @@ def declare_environment(manager: Any, packed: PackedEnv, *, cache: str = "worker
     """Declare ``packed`` to a TaskVine manager; returns the unpacked tree's ``vine.File``.
 
     The manager sends the tarball to the first worker that needs it; later workers fetch it
-    from a worker that has it (at most ``worker-source-max-transfers`` at once from each, a
-    manager tune, default 10) and unpack it locally. ``cache="worker"`` keeps both on a
-    worker for its lifetime, across managers."""
+    from a worker that has it, at most ``worker-source-max-transfers`` (a tune, default 10)
+    at once from each, else from the manager: N workers starting together cost the manager
+    about N / (that + 1) copies. ``cache="worker"``: kept for the worker's lifetime."""
     tarball = manager.declare_file(str(packed.path), cache=cache, peer_transfer=True)
     return manager.declare_untar(tarball, cache=cache)
 
@@ -178,11 +179,10 @@ class _Env:
 
     def key(self, spec: EnvSpec) -> str:
         """Content key: changes whenever what would be packed changes (cheap: no file data)."""
-        h = hashlib.sha256(repr((FORMAT, sys.version, sysconfig.get_platform(), spec.include,
-                                 spec.exclude, spec.exclude_paths, spec.compression,
-                                 str(self.prefix), self.roots)).encode())
         binary = (self.prefix / "bin" / self.pyver).stat()
-        h.update(f"{binary.st_size} {binary.st_mtime_ns}".encode())
+        h = hashlib.sha256(repr((FORMAT, sys.version, sysconfig.get_platform(), spec.include,
+                                 spec.exclude, spec.exclude_paths, spec.compression, self.prefix,
+                                 self.roots, binary.st_size, binary.st_mtime_ns)).encode())
         for entry in sorted(os.listdir(self.site)):
             h.update(entry.encode())
             record = self.site / entry / "RECORD"

@@ -45,8 +45,8 @@ from datavine.pools.state import (
 )
 
 STOP_TIMEOUT_S = 30.0
-_BACKENDS: dict[str, type[FactoryPool]] = {}
 STARTUP_CHECK_S = 0.5  # a factory with a bad option or no batch system exits within this
+_BACKENDS: dict[str, type[FactoryPool]] = {}
 
 
 def worker_environment() -> dict[str, str]:
@@ -154,9 +154,12 @@ class FactoryPool(WorkerPool):
 
     def start(self, *, detach: bool = False) -> Self:
         old = read_state(self.pool_dir, self.name)
-        if old is not None and factory_alive(old.pid):
-            raise PoolError(f"pool {self.name!r} is already running (vine_factory pid {old.pid}, "
-                            f"manager {old.manager}); stop it first")
+        if old is not None:
+            if factory_alive(old.pid):
+                raise PoolError(f"pool {self.name!r} is already running (vine_factory pid "
+                                f"{old.pid}, manager {old.manager}); stop it first")
+            self.pid = old.pid  # a factory that died: clear what it left behind
+            self._remove_jobs(STOP_TIMEOUT_S, factory_seen=False)
         scratch = self.scratch_dir
         run_cfg = self._prepare(scratch)
         config_file = scratch / "factory.json"

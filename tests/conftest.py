@@ -1,0 +1,32 @@
+"""Shared fixtures: a real LocalCluster (manager + vine_worker processes on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HAVE_TASKVINE = importlib.util.find_spec("ndcctools") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAVE_TASKVINE:
+        return
+    skip = pytest.mark.skip(reason="ndcctools.taskvine missing: run scripts/build_taskvine.sh")
+    for item in items:
+        if "taskvine" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Two 1-core local workers, shared by the tests that only need a working cluster."""
+    import datavine
+
+    run_dir = Path(tmp_path_factory.mktemp("cluster"))
+    manager = datavine.ManagerConfig(run_dir=run_dir)
+    with datavine.LocalCluster(workers=2, cores=1, manager=manager,
+                               run=datavine.RunConfig(no_worker_timeout_s=30)) as c:
+        yield c

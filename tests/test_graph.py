@@ -1,0 +1,60 @@
+"""Graph normalisation: dict graphs, HighLevelGraphs and expressions become one DAG."""
+
+from __future__ import annotations
+
+import operator
+
+import dask
+import dask.array as da
+import pytest
+from dask import delayed
+
+from datavine import graph
+
+
+def test_dict_graph_with_tuples_is_normalised_and_culled() -> None:
+    dsk = {"a": 1, "b": (operator.add, "a", 10), "c": (operator.mul, "b", 2), "unused": (len, [])}
+    g = graph.build(dsk, ["c"])
+    assert set(g.nodes) == {"a", "b", "c"}
+    assert g.dependencies["c"] == {"b"}
+    assert g.dependents["a"] == {"b"}
+    values: dict = {}
+    for key in sorted(g.nodes, key=g.priority.__getitem__):
+        values[key] = g.nodes[key](values)
+    assert values["c"] == 22
+
+
+def test_collection_graph_matches_its_keys() -> None:
+    x = da.ones((10, 10), chunks=5).sum()
+    (dsk, keys), = [(x.__dask_graph__(), x.__dask_keys__())]
+    g = graph.build(dsk, keys if isinstance(keys, list) else [keys])
+    assert g.outputs <= set(g.nodes)
+    assert len(g) >= 4
+
+
+def test_pack_results_keeps_nesting() -> None:
+    values = {"a": 1, "b": 2, "c": 3}
+    assert graph.pack_results([["a", "b"], ["c"]], values) == [[1, 2], [3]]
+    assert graph.pack_results("a", values) == 1
+
+
+def test_missing_key_is_named() -> None:
+    with pytest.raises(graph.GraphError, match="missing"):
+        graph.build({"a": 1}, ["missing"])
+
+
+def test_scheduler_receives_what_dask_version_gives() -> None:
+    seen = []
+
+    def spy(dsk, keys, **kwargs):
+        g = graph.build(dsk, keys)
+        seen.append(type(dsk).__name__)
+        values: dict = {}
+        for key in sorted(g.nodes, key=g.priority.__getitem__):
+            values[key] = g.nodes[key](values)
+        return graph.pack_results(keys, values)
+
+    result = dask.compute(delayed(operator.add)(1, 2), da.arange(10, chunks=3).sum(),
+                          scheduler=spy)
+    assert result == (3, 45)
+    assert seen

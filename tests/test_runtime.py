@@ -1,0 +1,126 @@
+"""Dask graphs on real vine_worker processes give the same results as dask's sync scheduler."""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from pathlib import Path
+
+import dask
+import dask.array as da
+import dask.bag as db
+import numpy as np
+import pytest
+from dask import delayed
+
+import datavine
+
+pytestmark = pytest.mark.taskvine
+
+
+def test_delayed_fan_out_fan_in(cluster) -> None:
+    base = delayed(np.arange)(1000)
+    parts = [delayed(operator.getitem)(base, slice(i * 100, (i + 1) * 100)) for i in range(10)]
+    squares = [delayed(np.square)(p) for p in parts]
+    sums = [delayed(np.sum)(s) for s in squares]
+    total = delayed(sum)(sums)
+    both = delayed(lambda t, s: (t, s[3]))(total, sums)
+    got = dask.compute(both, total, scheduler=cluster.get)
+    want = dask.compute(both, total, scheduler="sync")
+    assert got[1] == want[1] == int(np.square(np.arange(1000)).sum())
+    assert got[0] == want[0]
+
+
+def test_array_reductions(cluster) -> None:
+    x = da.random.default_rng(42).normal(size=(400, 300), chunks=(50, 60))
+    exprs = [x.sum(), x.mean(axis=0), x.std(), (x @ x.T).trace(), x[::7, 3].max()]
+    got = dask.compute(*exprs, scheduler=cluster.get)
+    want = dask.compute(*exprs, scheduler="sync")
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w)
+
+
+def test_bag_pipeline(cluster) -> None:
+    b = db.from_sequence(range(2000), npartitions=16)
+    pipeline = (b.map(lambda v: (v % 7, v * v)).filter(lambda kv: kv[1] % 3 == 0)
+                .foldby(operator.itemgetter(0), lambda acc, kv: acc + kv[1], 0, operator.add, 0))
+    assert sorted(pipeline.compute(scheduler=cluster.get)) == sorted(
+        pipeline.compute(scheduler="sync"))
+
+
+def test_large_trivial_graph_runs_in_bundles(cluster) -> None:
+    level = [delayed(operator.add)(i, 1) for i in range(3000)]
+    while len(level) > 1:
+        level = [delayed(operator.add)(level[i], level[i + 1]) if i + 1 < len(level)
+                 else level[i] for i in range(0, len(level), 2)]
+    assert level[0].compute(scheduler=cluster.get) == sum(range(1, 3001))
+    summary = cluster.last_summary
+    assert summary.tasks >= 5999
+    assert summary.bundles < summary.tasks / 20, "trivial tasks must travel in bundles"
+
+
+def raise_value_error(key: str) -> None:
+    raise ValueError(f"bad value in {key}")
+
+
+def test_failing_task_raises_its_exception_naming_the_key(cluster) -> None:
+    ok = delayed(operator.add)(1, 2)
+    bad = delayed(raise_value_error, name="broken-task")("x")
+    with pytest.raises(ValueError, match="bad value in x") as info:
+        dask.compute(ok, delayed(operator.add)(bad, ok), scheduler=cluster.get)
+    note = "\n".join(info.value.__notes__)
+    assert "broken-task" in note
+    assert "raise_value_error" in note and "Traceback" in note
+
+
+def make_generator(n: int):
+    return (i for i in range(n))
+
+
+def test_unserialisable_result_is_named(cluster) -> None:
+    with pytest.raises(TypeError, match="gen-key.*cannot be serialised"):
+        delayed(make_generator, name="gen-key")(3).compute(scheduler=cluster.get)
+    # the cluster still works afterwards
+    assert delayed(operator.mul)(6, 7).compute(scheduler=cluster.get) == 42
+
+
+def slow_square(v: int) -> int:
+    time.sleep(0.4)
+    return v * v
+
+
+def test_lost_worker_tasks_are_rerun(tmp_path: Path) -> None:
+    cfg = datavine.ManagerConfig(run_dir=tmp_path)
+    with datavine.LocalCluster(workers=2, cores=1, manager=cfg) as c:
+        work = delayed(sum)([delayed(slow_square)(i) for i in range(12)])
+
+        def kill_and_replace() -> None:
+            time.sleep(1.0)
+            c.workers.kill(0)
+            c.workers.start(1)
+
+        killer = threading.Thread(target=kill_and_replace)
+        killer.start()
+        assert work.compute(scheduler=c.get) == sum(i * i for i in range(12))
+        killer.join()
+        assert c.runtime.manager.stats.workers_lost + c.runtime.manager.stats.workers_removed >= 1
+
+
+def test_no_workers_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    cfg = datavine.ManagerConfig(run_dir=tmp_path)
+    run = datavine.RunConfig(no_worker_timeout_s=2)
+    with datavine.Cluster(cfg, run) as c:
+        start = time.monotonic()
+        with pytest.raises(datavine.NoWorkersError, match=f"port {c.port}"):
+            delayed(operator.add)(1, 1).compute(scheduler=c.get)
+        assert time.monotonic() - start < 10
+
+
+def test_run_timeout_is_reported(tmp_path: Path) -> None:
+    cfg = datavine.ManagerConfig(run_dir=tmp_path)
+    with datavine.LocalCluster(workers=1, cores=1, manager=cfg, timeout_s=2) as c:
+        start = time.monotonic()
+        with pytest.raises(datavine.RunTimeoutError, match="RunConfig.timeout_s"):
+            delayed(time.sleep)(30).compute(scheduler=c.get)
+        assert time.monotonic() - start < 10
