@@ -35,6 +35,7 @@ die() { echo "build_taskvine: $*" >&2; exit 1; }
 log() { echo "build_taskvine: $*" >&2; }
 
 [ -x "$PYTHON" ] || die "python '$PYTHON' not found (create the venv first: scripts/setup.sh)"
+PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")  # the build changes directory
 PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 PYBASE=$("$PYTHON" -c 'import sys; print(sys.base_prefix)')
 PURELIB=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
