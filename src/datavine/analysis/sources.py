@@ -1,0 +1,128 @@
+"""Where a chunk's events come from: local files, or XCache shards with fast failover.
+
+:func:`datavine.analysis.agc.process_chunk` reads a path, a URL or an already-open uproot
+file; it knows nothing of shards. This module is the adapter between the two: a *chunk
+source* turns a :class:`~datavine.analysis.agc.Chunk` into a :class:`SourcedResult`, the
+chunk's :class:`~datavine.analysis.agc.ChunkResult` plus which server delivered the bytes.
+
+- :class:`LocalFiles`: the chunk's ``path`` is a local file, read directly;
+- :class:`XCacheShards`: the chunk's ``path`` is a ``root://`` URL of the file at the origin;
+  it is opened through :func:`datavine.xcache.open_with_failover` on the file's shard
+  (rendezvous order of the :class:`~datavine.shards.ShardMap`, skipping shards that failed
+  recently, the origin last) and the open file is handed to ``process_chunk``.
+
+Sources are small, picklable values, so a task carries its source with it; shard health is
+kept per process (a worker's library process lives across calls, so a dead shard is skipped
+by later chunks on that worker, too). :func:`analysis_graph` is the whole analysis as a dask
+graph: one task per chunk, merged in a tree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from datavine.analysis.agc import Chunk, ChunkResult, process_chunk
+from datavine.shards import ShardHealth, ShardMap
+
+LOCAL = "local"
+
+# One per process: which shards failed recently (see datavine.shards.ShardHealth).
+_HEALTH = ShardHealth()
+
+
+@dataclass(eq=False)
+class SourcedResult:
+    """A chunk's analysis result and where it was read from; merged with ``+``.
+
+    ``servers`` counts chunks per server that delivered them (``"local"``, a shard's name,
+    or ``"origin"``); ``failovers`` counts servers that failed before one answered.
+    """
+
+    result: ChunkResult = field(default_factory=ChunkResult.empty)
+    servers: Counter[str] = field(default_factory=Counter)
+    failovers: int = 0
+
+    def __add__(self, other: SourcedResult) -> SourcedResult:
+        if not isinstance(other, SourcedResult):
+            return NotImplemented
+        return SourcedResult(self.result + other.result, self.servers + other.servers,
+                             self.failovers + other.failovers)
+
+    def __radd__(self, other: Any) -> SourcedResult:
+        return self if isinstance(other, int) and other == 0 else NotImplemented
+
+
+@dataclass(frozen=True)
+class LocalFiles:
+    """Chunks name local files."""
+
+    def process(self, chunk: Chunk) -> SourcedResult:
+        result = process_chunk(chunk.path, chunk.entry_start, chunk.entry_stop)
+        return SourcedResult(result, Counter({LOCAL: 1}))
+
+
+@dataclass(frozen=True)
+class XCacheShards:
+    """Chunks name files at the origin (``root://origin//lfn``); read through the shards."""
+
+    shardmap: ShardMap
+
+    def process(self, chunk: Chunk) -> SourcedResult:
+        from datavine.xcache import open_with_failover
+
+        handle, record = open_with_failover(chunk.path, self.shardmap, _HEALTH)
+        with handle:
+            result = process_chunk(handle, chunk.entry_start, chunk.entry_stop)
+        return SourcedResult(result, Counter({record.server: 1}), record.failovers)
+
+
+ChunkSource = LocalFiles | XCacheShards
+
+
+def merge(*parts: SourcedResult) -> SourcedResult:
+    """The sum of chunk results (a merge task of the graph)."""
+    return sum(parts, SourcedResult())
+
+
+def analysis_graph(source: ChunkSource, chunks: Sequence[Chunk], fan_in: int = 8) -> Any:
+    """A ``dask.delayed`` of the merged :class:`SourcedResult` of ``chunks``: one task per
+    chunk (keys ``agc-chunk-<i>``), merged ``fan_in`` at a time (``agc-merge-<level>-<j>``)."""
+    from dask import delayed
+
+    if not chunks:
+        raise ValueError("analysis_graph needs at least one chunk")
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be >= 2, got {fan_in}")
+    level = [delayed(source.process, pure=True)(chunk, dask_key_name=f"agc-chunk-{i}")
+             for i, chunk in enumerate(chunks)]
+    depth = 0
+    while len(level) > 1:
+        level = [delayed(merge, pure=True)(*level[i:i + fan_in],
+                                           dask_key_name=f"agc-merge-{depth}-{i // fan_in}")
+                 for i in range(0, len(level), fan_in)]
+        depth += 1
+    return level[0]
+
+
+def origin_url(path: str | os.PathLike[str], export_root: str | os.PathLike[str],
+               origin: str) -> str:
+    """The ``root://`` URL at ``origin`` of a local ``path`` inside the folder the origin
+    exports (``export_root``); raises ``ValueError`` naming both when it is outside."""
+    path, root = Path(path).resolve(), Path(export_root).resolve()
+    try:
+        relative = path.relative_to(root)
+    except ValueError:
+        raise ValueError(f"{path} is not inside {root}, the folder the origin exports") from None
+    return f"{origin.rstrip('/')}//{relative.as_posix()}"
+
+
+def to_origin(chunks: list[Chunk], export_root: str | os.PathLike[str],
+              origin: str) -> list[Chunk]:
+    """The same chunks, their local paths replaced by the origin's URLs."""
+    return [Chunk(origin_url(c.path, export_root, origin), c.entry_start, c.entry_stop)
+            for c in chunks]
