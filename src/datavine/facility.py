@@ -249,12 +249,13 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
 
 
 def _manager(values: dict[str, Any], path: Path, check_files: bool) -> ManagerConfig:
+    values.setdefault("run_dir", Path("runs/manager"))
+    manager = _build(ManagerConfig, values, path, "manager")
     if check_files:
         for key in ("password_file", "ssl_key", "ssl_cert"):
             if key in values and not values[key].is_file():
                 raise FacilityError(path, f"manager.{key}", f"{values[key]} does not exist")
-    values.setdefault("run_dir", Path("runs/manager"))
-    return _build(ManagerConfig, values, path, "manager")
+    return manager
 
 
 def _xcache(table: Any, path: Path, check_files: bool) -> tuple[ShardMap | None, Path | None]:
