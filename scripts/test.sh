@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Set up everything the tests need, then run them on both dask lines, as root:
+#
+#   bash scripts/test.sh [PYTEST-ARGS...]      e.g.  bash scripts/test.sh -x -m "not slow"
+#
+# 1. `scripts/setup.sh --all`: .venv (dask >= 2025.4), .venv-legacy (dask 2025.3 with
+#    dask-awkward, dict graphs), TaskVine built into build/cctools, the XRootD servers for
+#    the XCache testbed and the personal HTCondor pool (a trixie chroot); then coffea's
+#    NanoAOD samples. Every step reuses what is already there.
+# 2. pytest in .venv: the whole suite. The condor tests start the personal HTCondor pool
+#    themselves (tests/fixtures_condor.py) and stop it again at the end of the session.
+# 3. pytest in .venv-legacy: the tests that matter for classic dict graphs
+#    (test_runtime, test_graph, test_dask_awkward, test_auth).
+# Both runs always happen; the exit code is non-zero if either failed.
+# DATAVINE_TEST_SETUP=0 skips step 1 (an environment set up already).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+log() { echo "test.sh: $*" >&2; }
+LEGACY_TESTS=(tests/test_runtime.py tests/test_graph.py tests/test_dask_awkward.py
+  tests/test_auth.py)
+t0=$(date +%s)
+
+if [ "${DATAVINE_TEST_SETUP:-1}" != 0 ]; then
+  bash scripts/setup.sh --all || { log "setup failed (exit $?)"; exit 1; }
+  bash scripts/fetch_samples.sh || { log "fetching coffea's samples failed"; exit 1; }
+  log "set up in $(( $(date +%s) - t0 )) s"
+fi
+
+# Should a run be cut short, the HTCondor pool's mounts must not outlive it: stop the
+# pool on exit unless it was already up before the tests.
+pool_was_up=0
+findmnt -rn "$ROOT/build/condor-root/proc" >/dev/null 2>&1 && pool_was_up=1
+cleanup() {
+  if [ "$pool_was_up" = 0 ] && [ -d build/condor-root ] && [ "$(id -u)" = 0 ]; then
+    bash workers/condor/stop_pool.sh >/dev/null 2>&1 || log "stop_pool.sh failed: see its output"
+  fi
+}
+trap cleanup EXIT
+
+run_pytest() {  # run_pytest VENV ARGS...
+  local venv=$1; shift
+  local started=$SECONDS
+  log "pytest in $venv: $*"
+  "$venv/bin/python" -m pytest "$@"
+  local rc=$?
+  log "pytest in $venv: exit $rc after $(( SECONDS - started )) s"
+  return $rc
+}
+
+run_pytest .venv "$@"; rc_main=$?
+run_pytest .venv-legacy "${LEGACY_TESTS[@]}" "$@"; rc_legacy=$?
+
+log "done in $(( $(date +%s) - t0 )) s: .venv exit $rc_main, .venv-legacy exit $rc_legacy"
+[ "$rc_main" = 0 ] && [ "$rc_legacy" = 0 ]
