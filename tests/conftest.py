@@ -6,7 +6,14 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
+import cloudpickle
 import pytest
+
+import tests
+
+pytest_plugins = ["tests.fixtures_xcache"]
+# Test modules are not installed on the workers: their functions travel by value.
+cloudpickle.register_pickle_by_value(tests)
 
 HAVE_TASKVINE = importlib.util.find_spec("ndcctools") is not None
 

@@ -13,6 +13,7 @@ from dask import delayed
 
 import datavine
 from datavine.binaries import vine_binary
+from datavine.local_workers import worker_environment
 
 pytestmark = pytest.mark.taskvine
 
@@ -21,7 +22,7 @@ def start_worker(port: int, workspace: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [str(vine_binary("vine_worker")), "127.0.0.1", str(port), "--cores", "1",
          "--workspace", str(workspace), "--timeout", "30", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_environment())
 
 
 def connected_after(cluster: datavine.Cluster, seconds: float) -> int:

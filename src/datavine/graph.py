@@ -49,6 +49,17 @@ class TaskGraph:
         """The task's category: dask's key prefix, e.g. ``'sum-aggregate'``."""
         return key_split(key)
 
+    def modules(self, limit: int = 32) -> list[str]:
+        """Top-level packages of the tasks' functions (for the workers to import once)."""
+        found: dict[str, None] = {}
+        for node in self.nodes.values():
+            module = getattr(getattr(node, "func", None), "__module__", None)
+            if isinstance(module, str) and module not in ("__main__", "builtins"):
+                found.setdefault(module.split(".", 1)[0])
+                if len(found) >= limit:
+                    break
+        return list(found)
+
 
 def to_mapping(dsk: Any) -> Mapping[Key, Any]:
     """Whatever dask passed as ``dsk`` (dict, HighLevelGraph, expression) as a mapping."""

@@ -18,13 +18,16 @@ from pathlib import Path
 
 from datavine.binaries import vine_binary
 from datavine.config import LocalWorkersConfig
+from datavine.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_of, worker_feature
 
 STOP_GRACE_S = 5.0
 
 
 def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
-                   password_file: Path | None, ssl: bool, host: str = "127.0.0.1") -> list[str]:
-    """The ``vine_worker`` command line for one local worker (pure)."""
+                   password_file: Path | None, ssl: bool, host: str = "127.0.0.1",
+                   labels: tuple[str, ...] = ()) -> list[str]:
+    """The ``vine_worker`` command line for one local worker (pure); ``labels`` are the
+    worker's own features (its name and rack) on top of ``cfg.features``."""
     cmd = [str(vine_binary("vine_worker")), host, str(port), "--cores", str(cfg.cores),
            "--workspace", str(workdir), "--timeout", str(cfg.idle_timeout_s)]
     if cfg.memory_mb:
@@ -35,9 +38,21 @@ def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
         cmd += ["--password", str(password_file)]
     if ssl:
         cmd.append("--ssl")
-    for feature in cfg.features:
+    for feature in dict.fromkeys((*cfg.features, *labels)):
         cmd += ["--feature", feature]
     return cmd
+
+
+def worker_labels(index: int, cfg: LocalWorkersConfig) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Features and environment naming local worker ``index`` and its rack (pure)."""
+    worker_id = f"local-{index}"
+    features = [worker_feature(worker_id)]
+    env = {ENV_WORKER: worker_id}
+    rack = rack_of(index, cfg.workers, cfg.racks) if cfg.racks else None
+    if rack:
+        features.append(rack_feature(rack))
+        env[ENV_RACK] = rack
+    return tuple(features), env
 
 
 def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -69,15 +84,21 @@ class LocalWorkers:
             workdir = self.run_dir / f"worker-{index}"
             workdir.mkdir(parents=True, exist_ok=True)
             log = open(self.run_dir / f"worker-{index}.log", "ab")  # noqa: SIM115
+            features, labels_env = worker_labels(index, cfg)
             cmd = worker_command(cfg, self.port, workdir, password_file=self.password_file,
-                                 ssl=self.ssl)
+                                 ssl=self.ssl, labels=features)
             self.procs.append(subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=worker_environment(cfg.extra_env), start_new_session=True))
+                env=worker_environment({**cfg.extra_env, **labels_env}),
+                start_new_session=True))
             log.close()
 
     def alive(self) -> int:
         return sum(p.poll() is None for p in self.procs)
+
+    def alive_ids(self) -> set[str]:
+        """Names (``local-<i>``) of the workers still running."""
+        return {f"local-{i}" for i, p in enumerate(self.procs) if p.poll() is None}
 
     def kill(self, index: int) -> None:
         """Kill one worker and its libraries at once (for failure tests)."""

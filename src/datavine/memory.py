@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from datavine.config import ConfigError
+from datavine.errors import ConfigError
 
 
 @dataclass(frozen=True)

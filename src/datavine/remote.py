@@ -11,6 +11,8 @@ This module is imported on workers: keep its imports light.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 import socket
 import time
@@ -20,19 +22,33 @@ from typing import Any
 
 import cloudpickle
 
+from datavine import labels
+from datavine.reading import reading, shard_health
+
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
 STATUS_MEMORY = "memory"
+STATUS_LOAD = "load"  # the bundle could not be unpickled here (a module missing, mostly)
 
 
-def run_bundle(spec: dict[str, Any]) -> dict[str, Any]:
+def run_bundle(payload: bytes) -> dict[str, Any]:
     """Run one bundle; the entry point registered in the TaskVine library.
 
-    ``spec`` holds ``nodes`` ([(key, node)] in execution order), ``inputs`` ({key: value}),
-    ``outputs`` (keys to send back), ``categories`` ({key: category}) and ``cap_mb``
-    (memory cap for the whole bundle, or None).
+    ``payload`` is the cloudpickled spec: ``nodes`` ([(key, node)] in execution order),
+    ``inputs`` ({key: value}), ``outputs`` (keys to send back), ``categories`` ({key:
+    category}), ``cap_mb`` (memory cap for the whole bundle, or None), ``preload`` (modules
+    to import into the library first) and ``shardmap`` (for :mod:`datavine.reading`).
+    The spec is unpickled here, not by TaskVine, so that a task that cannot be loaded on
+    this worker is reported instead of killing the library.
     """
     started = time.perf_counter()
+    try:
+        spec = cloudpickle.loads(payload)
+    except BaseException as exc:
+        result = _result(STATUS_LOAD, message=f"{type(exc).__name__}: {exc}",
+                         traceback=traceback.format_exc())
+        return _stamp(result, started)
+    _preload(spec.get("preload", ()))
     cap_mb = spec.get("cap_mb")
     if cap_mb:
         from datavine.memcap import run_capped
@@ -43,21 +59,42 @@ def run_bundle(spec: dict[str, Any]) -> dict[str, Any]:
         elif capped.ok:
             result = capped.value
         else:
-            result = _result(
-                STATUS_ERROR,
-                key=None,
-                message=str(capped.error),
-                traceback=capped.traceback or "",
-            )
+            signal = f" (signal {capped.signal})" if capped.signal else ""
+            result = _result(STATUS_ERROR, key=None, message=f"{capped.error}{signal}",
+                             traceback=capped.traceback or "", crashed=True)
         result["peak_mb"] = capped.peak_mb
         result["cap_mb"] = cap_mb
+        _learn_shard_failures(result.get("reads", ()))
     else:
         result = execute_bundle(spec)
         result["peak_mb"] = _peak_rss_mb()
+    return _stamp(result, started)
+
+
+def _stamp(result: dict[str, Any], started: float) -> dict[str, Any]:
+    result["worker"], result["rack"] = labels.here()
     result["host"] = socket.gethostname()
     result["pid"] = os.getpid()
     result["wall_s"] = time.perf_counter() - started
     return result
+
+
+def _preload(modules: Any) -> None:
+    """Import the graph's modules here, once, so that forked bundles find them loaded."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the task itself reports what is missing
+            continue
+
+
+def _learn_shard_failures(reads: Any) -> None:
+    """A shard that failed in a forked bundle cools down in this (the library) process too."""
+    now = time.monotonic()
+    for record in reads:
+        for server, _ in record.get("errors", ()):
+            if server != "origin":
+                shard_health().mark_failed(server, now)
 
 
 def execute_bundle(spec: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +108,15 @@ def execute_bundle(spec: dict[str, Any]) -> dict[str, Any]:
         for dep in node.dependencies:
             uses[dep] += 1
     timing: dict[str, list[float]] = {}
+    with reading(spec.get("shardmap")) as ctx:
+        result = _execute(nodes, values, outputs, categories, uses, timing)
+        result["reads"] = [dataclasses.asdict(r) for r in ctx.records()]
+    return result
+
+
+def _execute(nodes: list[tuple[Any, Any]], values: dict[Any, Any], outputs: set[Any],
+             categories: dict[Any, str], uses: dict[Any, int],
+             timing: dict[str, list[float]]) -> dict[str, Any]:
     for key, node in nodes:
         t0 = time.perf_counter()
         try:

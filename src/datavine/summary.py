@@ -1,8 +1,13 @@
-"""What a run did: counts and times gathered by the runtime, shown at the end of a run."""
+"""What a run did: counts, times, memory, placement and bytes read, gathered by the runtime.
+
+Shown at the end of a run (``lines``) and kept as ``Runtime.last_summary`` for reports
+(``to_dict`` is JSON-ready).
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,8 +24,29 @@ class CategoryStats:
 
 
 @dataclass
+class ReadStats:
+    """Bytes tasks read through :func:`datavine.reading.open_input`, by nearness."""
+
+    near_bytes: int = 0  # from a shard in the worker's rack, or a file on the worker
+    far_bytes: int = 0  # from another rack's shard or the origin
+    by_server: Counter[str] = field(default_factory=Counter)
+    opens: int = 0
+    failovers: int = 0
+    failover_errors: list[str] = field(default_factory=list)
+
+    @property
+    def near_fraction(self) -> float:
+        total = self.near_bytes + self.far_bytes
+        return self.near_bytes / total if total else 0.0
+
+
+@dataclass
 class RunSummary:
-    """Figures for one ``get`` call."""
+    """Figures for one ``get`` call.
+
+    ``samples``: (seconds since start, workers, cores) about once a second;
+    ``completions``: (seconds since start, key, worker) for every task.
+    """
 
     tasks: int = 0
     bundles: int = 0
@@ -30,15 +56,42 @@ class RunSummary:
     workers: int = 0
     categories: dict[str, CategoryStats] = field(default_factory=lambda: defaultdict(CategoryStats))
     hosts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    worker_peak_mb: dict[str, float] = field(default_factory=dict)
+    placement: Counter[str] = field(default_factory=Counter)
+    reads: ReadStats = field(default_factory=ReadStats)
+    memory: dict[str, dict[str, float]] = field(default_factory=dict)
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+    completions: list[tuple[float, Hashable, str]] = field(default_factory=list)
 
     @property
     def tasks_per_s(self) -> float:
         return self.tasks / self.wall_s if self.wall_s > 0 else 0.0
 
+    def add_reads(self, reads: Iterable[Mapping[str, Any]], worker_rack: str | None) -> None:
+        """Account a bundle's read records (see :class:`datavine.reading.ReadRecord`)."""
+        stats = self.reads
+        for r in reads:
+            nbytes = int(r.get("bytes", 0))
+            near = r.get("server") == "local" or (
+                worker_rack is not None and r.get("rack") == worker_rack)
+            if near:
+                stats.near_bytes += nbytes
+            else:
+                stats.far_bytes += nbytes
+            stats.by_server[str(r.get("server"))] += nbytes
+            stats.opens += 1
+            errors = r.get("errors", ())
+            stats.failovers += len(errors)
+            stats.failover_errors.extend(f"{r.get('lfn')}: {s}: {e}" for s, e in errors)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["categories"] = {k: asdict(v) for k, v in self.categories.items()}
         data["hosts"] = dict(self.hosts)
+        data["placement"] = dict(self.placement)
+        data["reads"]["by_server"] = dict(self.reads.by_server)
+        data["reads"]["near_fraction"] = self.reads.near_fraction
+        data["completions"] = [(t, str(k), w) for t, k, w in self.completions]
         data["tasks_per_s"] = self.tasks_per_s
         return data
 
@@ -52,5 +105,15 @@ class RunSummary:
             over = f", {cat.overruns} over cap" if cat.overruns else ""
             out.append(f"  {name:<32} {cat.tasks:>7} tasks {cat.seconds:8.2f} s "
                        f"peak {cat.peak_mb:6.0f} MB{cap}{over}")
+        if self.placement:
+            out.append("  placement: " + ", ".join(f"{k} {v}" for k, v in
+                                                   sorted(self.placement.items())))
+        r = self.reads
+        if r.opens:
+            mb = 2**20
+            out.append(f"  reads: {r.opens} opens, {r.near_bytes / mb:,.1f} MB near, "
+                       f"{r.far_bytes / mb:,.1f} MB far ({r.near_fraction:.1%} near), "
+                       f"{r.failovers} failovers")
+            out.extend(f"    failover: {e}" for e in r.failover_errors[:5])
         out.extend(f"  failure: {f}" for f in self.failures[:10])
         return out

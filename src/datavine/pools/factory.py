@@ -23,20 +23,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from datavine.config import ConfigError
+from datavine.labels import rack_feature
 
 Batch = Literal["condor", "local"]
 BATCHES: tuple[str, ...] = ("condor", "local")
 # Nothing listens there unless a local catalog_server is started on purpose.
 NO_CATALOG = "127.0.0.1:9097"
-RACK_FEATURE_PREFIX = "rack:"
 # vine_factory puts features in double quotes inside a shell command line (condor.sh runs
 # `eval "$@"`): keep them to characters that need no quoting.
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_.:=+@%,/-]+$")
-
-
-def rack_feature(rack: str) -> str:
-    """The worker feature that marks a worker's rack (``rack:<name>``)."""
-    return f"{RACK_FEATURE_PREFIX}{rack}"
 
 
 @dataclass(frozen=True)

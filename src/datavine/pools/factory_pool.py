@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import ClassVar, Self
 
 from datavine.binaries import cctools_prefix, vine_binary
+from datavine.labels import ENV_RACK
 from datavine.pools.base import PoolError, PoolStatus, WorkerPool
 from datavine.pools.factory import (
     FactoryConfig,
@@ -167,7 +168,10 @@ class FactoryPool(WorkerPool):
         cmd = factory_command(run_cfg, binary=str(vine_binary("vine_factory")),
                               config_file=config_file, debug_file=scratch / "factory.debug",
                               parent_death=not detach)
-        cmd, env = self._launch(cmd, worker_environment())
+        env = worker_environment()
+        if run_cfg.rack:  # the workers' libraries report their rack with each result
+            env[ENV_RACK] = run_cfg.rack
+        cmd, env = self._launch(cmd, env)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env, cwd=scratch,

@@ -1,0 +1,320 @@
+"""One ``get`` call: the loop that feeds bundles to TaskVine and results back to the graph.
+
+:class:`GraphRun` asks the planner (:mod:`datavine.bundling`) for bundles, places those that
+read files (:mod:`datavine.placement`, delay scheduling against :mod:`datavine.topology`),
+caps their memory (:mod:`datavine.memory`), submits them as function calls of the runtime's
+library, and handles what comes back: values, user errors (raised naming the dask key, with
+the remote traceback), memory overruns (retried under a larger cap), lost workers and
+crashed libraries (retried), tasks a worker cannot load (raised). Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from datavine import graph as graphs
+from datavine import remote
+from datavine.bundling import Bundle, Planner
+from datavine.config import RunConfig
+from datavine.errors import (
+    BundleFailedError,
+    MemoryCapError,
+    NoWorkersError,
+    RemoteTaskError,
+    RunTimeoutError,
+    TaskLoadError,
+)
+from datavine.inputs import task_files
+from datavine.memory import GiveUp
+from datavine.placement import Placement, TaskInputs, decide
+from datavine.progress import RunProgress
+from datavine.shards import logical_name
+from datavine.summary import RunSummary
+from datavine.topology import ANYWHERE, Target
+
+if TYPE_CHECKING:
+    from datavine.runtime import Runtime
+
+Key = Hashable
+REFRESH_S = 1.0  # how often workers are sampled and the library's health is checked
+
+
+@dataclass
+class Inflight:
+    bundle: Bundle
+    call: Any
+    target: Target
+    category: str
+    cap_mb: float | None
+
+
+class GraphRun:
+    """State of one ``get`` call; nothing of it outlives the call but what it learned."""
+
+    def __init__(self, rt: Runtime, graph: graphs.TaskGraph, cfg: RunConfig) -> None:
+        self.rt = rt
+        self.m = rt.manager
+        self.graph = graph
+        self.cfg = cfg
+        self.files = {k: task_files(n) for k, n in graph.nodes.items()}
+        self.planner = Planner(graph, files=self.files.__getitem__, costs=rt.costs,
+                               target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks)
+        self.values: dict[Key, Any] = {}
+        self.consumers = {k: set(d) for k, d in graph.dependents.items()}
+        self.inflight: dict[int, Inflight] = {}
+        self.held: list[tuple[Bundle, float]] = []
+        self.cap_override: dict[int, float] = {}
+        self.preload = tuple(dict.fromkeys((*cfg.preload, *graph.modules())))
+        self.summary = RunSummary()
+        self.progress = RunProgress(len(graph), enabled=cfg.progress)
+        self.start = time.monotonic()
+
+    # --- the loop ------------------------------------------------------------------------
+    def execute(self) -> dict[Key, Any]:
+        library = self.rt.ensure_library()
+        last_worker = last_refresh = self.start
+        try:
+            with self.progress:
+                while not self.planner.finished:
+                    now = time.monotonic()
+                    if now - last_refresh >= REFRESH_S:
+                        self._refresh(now)
+                        last_refresh = now
+                    self._submit(library, now)
+                    task = self.m.wait(1)
+                    if task is not None:
+                        self._handle(task)
+                    now = time.monotonic()
+                    if self.rt.connected_workers() > 0:
+                        last_worker = now
+                    elif now - last_worker > self.cfg.no_worker_timeout_s:
+                        raise NoWorkersError(
+                            f"{self.planner.n_ready + len(self.inflight)} bundles waiting and no "
+                            f"worker connected to the manager on port {self.rt.port} for "
+                            f"{self.cfg.no_worker_timeout_s:.0f} s (RunConfig.no_worker_timeout_s)")
+                    if self.cfg.timeout_s and now - self.start > self.cfg.timeout_s:
+                        raise RunTimeoutError(
+                            f"run of {len(self.graph)} tasks did not finish within "
+                            f"{self.cfg.timeout_s:.0f} s (RunConfig.timeout_s); "
+                            f"{len(self.planner.done)} tasks done")
+        finally:
+            self._cancel_inflight()
+            self.summary.wall_s = time.monotonic() - self.start
+            self.summary.workers = self.rt.connected_workers()
+            if self.rt.memory is not None:
+                self.summary.memory = self.rt.memory.as_dict()
+            self.rt.last_summary = self.summary
+            if self.cfg.progress:
+                self.progress.print_summary(self.summary)
+        return {k: self.values[k] for k in self.graph.outputs}
+
+    def _refresh(self, now: float) -> None:
+        """Sample the pool, drop workers that left (their pinned bundles go elsewhere), and
+        stop if the library keeps dying."""
+        self.summary.samples.append((round(now - self.start, 3), self.rt.connected_workers(),
+                                     self.rt.connected_cores()))
+        gone = self.rt.drop_lost_workers()
+        if gone:
+            for task_id, entry in list(self.inflight.items()):
+                if entry.target.worker in gone:
+                    self.m.cancel_by_task_id(task_id)
+                    self._forget(task_id)
+                    self._retry(entry.bundle, f"worker {entry.target.worker} left the pool")
+        self.rt.check_library()
+
+    # --- submitting ----------------------------------------------------------------------
+    def _submit(self, library: str, now: float) -> None:
+        slots = max(1, self.rt.connected_cores())
+        room = slots * self.cfg.bundles_per_slot - len(self.inflight)
+        if room <= 0:
+            return
+        held, self.held = self.held, []
+        fresh = self.planner.next_bundles(max(0, room - len(held))) if len(held) < room else []
+        for bundle, since in [*held, *((b, now) for b in fresh)]:
+            if room <= 0:
+                self.held.append((bundle, since))
+                continue
+            placement = self._place(bundle, now - since)
+            if placement.action == "hold":
+                self.held.append((bundle, since))
+                continue
+            self._submit_bundle(library, bundle, self.rt.topology.target(placement),
+                                placement)
+            room -= 1
+
+    def _place(self, bundle: Bundle, waited_s: float) -> Placement:
+        if not bundle.files or self.cfg.placement is None:
+            return Placement("run", 0, reason="no input files or placement off")  # type: ignore[arg-type]
+        shardmap = self.cfg.shardmap
+        task = (TaskInputs.from_shardmap(bundle.files, shardmap) if shardmap is not None
+                else TaskInputs(tuple(dict.fromkeys(logical_name(f) for f in bundle.files))))
+        return decide(task, self.rt.topology.views(), waited_s, self.cfg.placement)
+
+    def _submit_bundle(self, library: str, bundle: Bundle, target: Target,
+                       placement: Placement) -> None:
+        categories = {k: self.graph.category(k) for k in bundle.keys}
+        memory = self.rt.memory
+        category = (memory.dominant_category(categories.values()) if memory is not None
+                    else categories[bundle.keys[0]])
+        cap_mb = None
+        if memory is not None:
+            cap_mb = self.cap_override.get(bundle.id) or memory.cap_for(category)
+        spec = {
+            "nodes": [(k, self.graph.nodes[k]) for k in bundle.keys],
+            "inputs": {k: self.values[k] for k in bundle.inputs},
+            "outputs": sorted(bundle.outputs, key=self.graph.priority.__getitem__),
+            "categories": categories,
+            "cap_mb": cap_mb,
+            "preload": self.preload,
+            "shardmap": self.cfg.shardmap,
+        }
+        call = self.rt.vine.FunctionCall(self.rt.ensure_library(), "run_bundle",
+                                         self.rt.dumps(spec))
+        call.set_cores(1)
+        for feature in target.features():
+            call.add_feature(feature)
+        task_id = self.m.submit(call)
+        self.inflight[task_id] = Inflight(bundle, call, target, category, cap_mb)
+        self.rt.topology.sent(target)
+        self.summary.bundles += 1
+        if bundle.files:
+            self.summary.placement[placement.tier.name.lower() if target != ANYWHERE
+                                   else "anywhere"] += 1
+
+    # --- results -------------------------------------------------------------------------
+    def _forget(self, task_id: int) -> Inflight | None:
+        entry = self.inflight.pop(task_id, None)
+        if entry is not None:
+            self.rt.topology.returned(entry.target)
+        return entry
+
+    def _handle(self, task: Any) -> None:
+        entry = self._forget(task.id)
+        if entry is None:
+            return  # a call cancelled earlier
+        result = entry.call.output if task.successful() else None
+        if not isinstance(result, dict):
+            self._retry(entry.bundle, self._failure_reason(task, result))
+            return
+        where = f"{result.get('worker') or task.addrport} ({result.get('host', '?')})"
+        status = result["status"]
+        if status == remote.STATUS_OK:
+            self._accept(entry, result, task)
+        elif status == remote.STATUS_MEMORY:
+            self._overrun(entry, result, where)
+        elif status == remote.STATUS_LOAD:
+            raise TaskLoadError(
+                f"worker {where} could not load tasks {_shown(entry.bundle.keys)}: "
+                f"{result.get('message')}. Install the module in the workers' environment, or "
+                "send it by value: RunConfig(pickle_by_value=('module',)).\n"
+                f"{result.get('traceback', '')}")
+        else:
+            self._raise_task_error(entry.bundle, result, where)
+
+    def _accept(self, entry: Inflight, result: dict[str, Any], task: Any) -> None:
+        bundle = entry.bundle
+        for key, blob in result["values"].items():
+            self.values[key] = cloudpickle.loads(blob)
+        for key in bundle.keys:
+            for dep in self.graph.dependencies[key]:
+                users = self.consumers[dep]
+                users.discard(key)
+                if not users and dep not in self.graph.outputs:
+                    self.values.pop(dep, None)
+        self.planner.complete(bundle)
+        peak = float(result.get("peak_mb") or 0.0)
+        worker = self._note_worker(result, task, bundle)
+        self._note_memory(entry, peak)
+        for category, (count, seconds) in result.get("timing", {}).items():
+            self.rt.costs.observe(category, count, seconds)
+            stats = self.summary.categories[category]
+            stats.tasks += count
+            stats.seconds += seconds
+            stats.peak_mb = max(stats.peak_mb, peak)
+            if entry.cap_mb:
+                stats.cap_mb = entry.cap_mb
+        t = round(time.monotonic() - self.start, 3)
+        self.summary.completions.extend((t, k, worker) for k in bundle.keys)
+        self.summary.worker_peak_mb[worker] = max(self.summary.worker_peak_mb.get(worker, 0.0),
+                                                  peak)
+        self.summary.tasks += len(bundle.keys)
+        self.summary.hosts[result.get("host", "?")] += len(bundle.keys)
+        self.progress.advance(len(bundle.keys))
+
+    def _note_worker(self, result: dict[str, Any], task: Any, bundle: Bundle) -> str:
+        reads = result.get("reads", ())
+        files = {r["lfn"] for r in reads} | {logical_name(f) for f in bundle.files}
+        known = self.rt.topology.learn(result.get("worker"), result.get("rack"),
+                                       getattr(task, "addrport", None), files)
+        worker = known.id if known is not None else "?"
+        self.summary.add_reads(reads, result.get("rack"))
+        return worker
+
+    def _note_memory(self, entry: Inflight, peak_mb: float) -> None:
+        if self.rt.memory is not None and entry.cap_mb:
+            self.rt.memory.record_peak(entry.category, peak_mb)
+
+    def _overrun(self, entry: Inflight, result: dict[str, Any], where: str) -> None:
+        memory = self.rt.memory
+        peak = float(result.get("peak_mb") or 0.0)
+        cap = float(entry.cap_mb or result.get("cap_mb") or 0.0)
+        stats = self.summary.categories[entry.category]
+        stats.overruns += 1
+        stats.peak_mb = max(stats.peak_mb, peak)
+        self.summary.failures.append(
+            f"tasks {_shown(entry.bundle.keys)} went over their {cap:.0f} MB cap on {where} "
+            f"(peak {peak:.0f} MB)")
+        assert memory is not None
+        decision = memory.after_overrun(entry.category, cap, peak)
+        if isinstance(decision, GiveUp):
+            raise MemoryCapError(entry.bundle.keys, entry.category, peak, cap, decision.reason)
+        self.cap_override[entry.bundle.id] = decision.cap_mb
+        stats.cap_mb = decision.cap_mb
+        self.summary.retries += 1
+        self.planner.requeue(entry.bundle)
+
+    def _retry(self, bundle: Bundle, reason: str) -> None:
+        bundle.attempts += 1
+        self.summary.failures.append(f"bundle {bundle.id} ({len(bundle.keys)} tasks): {reason}")
+        if bundle.attempts > self.cfg.max_retries:
+            raise BundleFailedError(bundle.keys, bundle.attempts, reason)
+        self.summary.retries += 1
+        self.planner.requeue(bundle)
+
+    def _failure_reason(self, task: Any, output: Any) -> str:
+        host = getattr(task, "hostname", None) or "?"
+        if isinstance(output, Exception):
+            return f"{type(output).__name__} on {host}: {task.result_string}"
+        return f"TaskVine result {task.result_string!r} on {host} (exit {task.exit_code})"
+
+    def _raise_task_error(self, bundle: Bundle, result: dict[str, Any], where: str) -> None:
+        key = result.get("key")
+        tb = result.get("traceback", "")
+        if key is None:  # the bundle's process died (a signal): name its tasks
+            key = bundle.keys[0] if len(bundle.keys) == 1 else _shown(bundle.keys)
+        note = f"datavine: task {key!r} failed on {where}; remote traceback:\n{tb}"
+        blob = result.get("exception")
+        if blob is not None:
+            try:
+                exc = cloudpickle.loads(blob)
+            except Exception:
+                exc = None
+            if isinstance(exc, BaseException):
+                exc.add_note(note)
+                raise exc
+        raise RemoteTaskError(key, result.get("message", "?"), tb, where)
+
+    def _cancel_inflight(self) -> None:
+        for task_id in list(self.inflight):
+            self.m.cancel_by_task_id(task_id)
+            self._forget(task_id)
+
+
+def _shown(keys: list[Key]) -> str:
+    return ", ".join(repr(k) for k in keys[:3]) + (f" ... ({len(keys)} in all)"
+                                                   if len(keys) > 3 else "")

@@ -1,0 +1,123 @@
+"""The workers the manager knows of, and how a placement decision becomes TaskVine features.
+
+Workers are learned two ways: datavine's own local workers are announced when they start
+(name, rack, cores), and every bundle result says which worker ran it (its name and rack,
+from :mod:`datavine.labels`, and its address from TaskVine). The registry counts the
+bundles sent to each worker or rack, so that :func:`datavine.placement.decide` sees free
+slots, and remembers which files each worker has read (its page cache holds them).
+
+A worker with a name can be targeted exactly (feature ``worker:<id>``); a pool worker
+without one only through its rack (feature ``rack:<rack>``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from datavine.labels import rack_feature, worker_feature
+from datavine.placement import Placement, WorkerView
+
+
+@dataclass
+class KnownWorker:
+    """One worker: ``id`` is its datavine name, else its TaskVine address."""
+
+    id: str
+    rack: str | None
+    cores: int = 1
+    named: bool = False  # has the feature worker:<id>
+    addrport: str | None = None
+    files_read: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a bundle was sent: one named worker, a rack, or anywhere (both None)."""
+
+    worker: str | None = None
+    rack: str | None = None
+
+    def features(self) -> list[str]:
+        if self.worker is not None:
+            return [worker_feature(self.worker)]
+        if self.rack is not None:
+            return [rack_feature(self.rack)]
+        return []
+
+
+ANYWHERE = Target()
+
+
+class Topology:
+    """Known workers, bundles in flight per target, files read per worker."""
+
+    def __init__(self, bundles_per_core: int = 2) -> None:
+        self.bundles_per_core = bundles_per_core
+        self.workers: dict[str, KnownWorker] = {}
+        self.inflight: Counter[Target] = Counter()
+
+    def announce(self, worker_id: str, rack: str | None, cores: int) -> None:
+        """A named worker datavine started itself (it may not be connected yet)."""
+        known = self.workers.setdefault(worker_id, KnownWorker(worker_id, rack, cores, True))
+        known.rack, known.cores, known.named = rack, cores, True
+
+    def learn(self, worker_id: str | None, rack: str | None, addrport: str | None,
+              files: Iterable[str] = ()) -> KnownWorker | None:
+        """A bundle ran on this worker and read ``files``."""
+        wid = worker_id or addrport
+        if wid is None:
+            return None
+        known = self.workers.get(wid)
+        if known is None:
+            known = self.workers[wid] = KnownWorker(wid, rack, named=worker_id is not None)
+        known.rack = rack or known.rack
+        known.addrport = addrport or known.addrport
+        known.files_read.update(files)
+        return known
+
+    def forget_missing(self, alive_addrports: set[str]) -> list[str]:
+        """Drop workers whose address is no longer connected; returns their ids."""
+        gone = [w.id for w in self.workers.values()
+                if w.addrport is not None and w.addrport not in alive_addrports]
+        for wid in gone:
+            del self.workers[wid]
+        return gone
+
+    def views(self) -> list[WorkerView]:
+        """What placement sees: each worker's rack, free bundle slots and files read."""
+        rack_cores: Counter[str | None] = Counter()
+        for w in self.workers.values():
+            rack_cores[w.rack] += w.cores
+        out = []
+        for w in self.workers.values():
+            busy = self.inflight[Target(worker=w.id)]
+            if w.rack is not None and rack_cores[w.rack]:
+                share = self.inflight[Target(rack=w.rack)] * w.cores / rack_cores[w.rack]
+                busy += int(share + 0.999)
+            free = w.cores * self.bundles_per_core - busy
+            out.append(WorkerView(w.id, w.rack, free, frozenset(w.files_read)))
+        return out
+
+    def target(self, placement: Placement) -> Target:
+        """The TaskVine target for a ``run`` decision: the best named worker, else the rack."""
+        for wid in placement.workers:
+            known = self.workers.get(wid)
+            if known is not None and known.named:
+                return Target(worker=wid)
+        if placement.rack is not None:
+            return Target(rack=placement.rack)
+        for wid in placement.workers:  # cached tier on unnamed workers: their rack
+            known = self.workers.get(wid)
+            if known is not None and known.rack is not None:
+                return Target(rack=known.rack)
+        return ANYWHERE
+
+    def sent(self, target: Target) -> None:
+        self.inflight[target] += 1
+
+    def returned(self, target: Target) -> None:
+        self.inflight[target] -= 1
+        if self.inflight[target] <= 0:
+            del self.inflight[target]
