@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from datavine.config import LocalWorkersConfig, ManagerConfig, RunConfig
+from datavine.environment import PackedEnv
 from datavine.labels import rack_of
 from datavine.local_workers import LocalWorkers
 from datavine.runtime import Runtime
@@ -37,7 +38,8 @@ class Cluster:
     """A datavine manager; workers come from elsewhere (a pool) and authenticate to it."""
 
     def __init__(self, manager: ManagerConfig | None = None, run: RunConfig | None = None,
-                 *, min_workers: int = 0, connect_timeout_s: float = 60.0) -> None:
+                 *, min_workers: int = 0, connect_timeout_s: float = 60.0,
+                 environment: PackedEnv | None = None) -> None:
         manager = manager or ManagerConfig(run_dir=Path(tempfile.mkdtemp(prefix="datavine-")))
         if manager.password_file is None:
             from dataclasses import replace
@@ -47,6 +49,7 @@ class Cluster:
         self.run_config = run or RunConfig()
         self.min_workers = min_workers
         self.connect_timeout_s = connect_timeout_s
+        self.environment = environment
         self.runtime: Runtime | None = None
 
     @property
@@ -65,7 +68,8 @@ class Cluster:
         return self.runtime
 
     def start(self) -> Cluster:
-        self.runtime = Runtime(self.manager_config, self.run_config, liveness=self._alive)
+        self.runtime = Runtime(self.manager_config, self.run_config, liveness=self._alive,
+                               environment=self.environment)
         self._start_workers()
         if self.min_workers:
             self._rt.wait_for_workers(self.min_workers, self.connect_timeout_s)
@@ -106,9 +110,10 @@ class LocalCluster(Cluster):
                  features: tuple[str, ...] = (), racks: tuple[str, ...] = (),
                  manager: ManagerConfig | None = None,
                  run: RunConfig | None = None, connect_timeout_s: float = 60.0,
-                 **run_options: Any) -> None:
+                 environment: PackedEnv | None = None, **run_options: Any) -> None:
         run = (run or RunConfig()).replace(**run_options) if run_options else run
-        super().__init__(manager, run, min_workers=workers, connect_timeout_s=connect_timeout_s)
+        super().__init__(manager, run, min_workers=workers, connect_timeout_s=connect_timeout_s,
+                         environment=environment)
         self.workers_config = LocalWorkersConfig(workers=workers, cores=cores,
                                                  memory_mb=memory_mb, features=features,
                                                  racks=tuple(racks))

@@ -74,12 +74,16 @@ def reading(shardmap: ShardMap | None) -> Iterator[ReadContext]:
         _context = previous
 
 
-def open_input(url: str, **kwargs: Any) -> Any:
-    """Open an input file with uproot: on its XCache shard inside a datavine run."""
+def open_input(url: str, *, shardmap: ShardMap | None = None, **kwargs: Any) -> Any:
+    """Open an input file with uproot: on its XCache shard inside a datavine run.
+
+    ``shardmap`` overrides the run's (``RunConfig.shardmap``); reads are accounted either way.
+    """
     from datavine.xcache.reader import open_with_failover, uproot_open
 
     ctx = _context
-    if ctx is None or ctx.shardmap is None or "://" not in url:
+    shards = shardmap if shardmap is not None else (ctx.shardmap if ctx is not None else None)
+    if shards is None or "://" not in url:
         local = "://" not in url
         if local:
             import uproot
@@ -90,10 +94,10 @@ def open_input(url: str, **kwargs: Any) -> Any:
             ctx.opened.append((handle, logical_name(url), "local" if local else "direct",
                                None, 0, ()))
         return handle
-    handle, record = open_with_failover(url, ctx.shardmap, ctx.health, now=time.monotonic(),
-                                        **kwargs)
-    ctx.opened.append((handle, record.lfn, record.server, record.rack, record.failovers,
-                       record.errors))
+    handle, record = open_with_failover(url, shards, _health, now=time.monotonic(), **kwargs)
+    if ctx is not None:
+        ctx.opened.append((handle, record.lfn, record.server, record.rack, record.failovers,
+                           record.errors))
     return handle
 
 

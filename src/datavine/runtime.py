@@ -22,6 +22,12 @@ from datavine import graph as graphs
 from datavine import remote
 from datavine.bundling import CostModel
 from datavine.config import ManagerConfig, RunConfig
+from datavine.environment import (
+    MANAGER_TUNES,
+    PackedEnv,
+    declare_environment,
+    use_environment,
+)
 from datavine.errors import LibraryFailedError, NoWorkersError, TaskvineMissingError
 from datavine.execution import GraphRun
 from datavine.memory import MemoryState
@@ -47,11 +53,14 @@ class Runtime:
 
     ``liveness``: for workers datavine started itself, a callable returning the names of
     those still running, so that bundles sent to a dead one are sent elsewhere at once.
+    ``environment``: a packed Python environment (:mod:`datavine.environment`) the library
+    runs in, for workers without the project's Python; shared between workers peer-to-peer.
     """
 
     def __init__(self, manager: ManagerConfig | None = None, run: RunConfig | None = None,
                  *, library_hook: Callable[[Any], None] | None = None,
-                 liveness: Callable[[], set[str]] | None = None) -> None:
+                 liveness: Callable[[], set[str]] | None = None,
+                 environment: PackedEnv | None = None) -> None:
         self.manager_config = manager or ManagerConfig()
         self.run_config = run or RunConfig()
         self.vine = import_taskvine()
@@ -69,6 +78,12 @@ class Runtime:
             self._m.set_password_file(str(self.manager_config.password_file))
         self._m.tune("watch-library-logfiles", 1)
         self._library_hook = library_hook
+        self.environment = environment
+        self._env_file: Any = None
+        if environment is not None:
+            for name, value in MANAGER_TUNES.items():
+                self._m.tune(name, value)
+            self._env_file = declare_environment(self._m, environment)
         self.liveness = liveness
         self._library: str | None = None
         self.costs = CostModel()
@@ -122,6 +137,8 @@ class Runtime:
             lib.set_function_slots(1)
             for var, value in LIBRARY_ENV.items():
                 lib.set_env_var(var, value)
+            if self._env_file is not None:
+                use_environment(lib, self._env_file)
             if self._library_hook:
                 self._library_hook(lib)
             self._m.install_library(lib)
