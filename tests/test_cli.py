@@ -54,9 +54,10 @@ def run_cli(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
     return code, data, out.out + out.err
 
 
-def small_run(data_dir: Path) -> list[str]:
+def small_run(data_dir: Path, local_workers: bool = True) -> list[str]:
+    workers = ["--workers", "2"] if local_workers else []
     return ["run", "--data", str(data_dir), "--files", str(FILES), "--events", str(EVENTS),
-            "--chunk-events", str(CHUNK), "--workers", "2", "--no-progress", "--timeout", "120"]
+            "--chunk-events", str(CHUNK), *workers, "--no-progress", "--timeout", "120"]
 
 
 # --- the command line --------------------------------------------------------------------------
@@ -206,3 +207,50 @@ def test_run_through_xcache(data_dir: Path, reference: ChunkResult, tmp_path: Pa
     assert names == {"xcache-0", "xcache-1"}
     assert set(data["servers"]) <= names, "every chunk is read through a shard, not the origin"
     assert data["failovers"] == 0
+
+
+@pytest.mark.taskvine
+def test_run_on_a_pool_started_by_datavine_pool(data_dir: Path, reference: ChunkResult,
+                                                tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's pool recipe, with local workers: pool first, then the manager."""
+    import secrets
+    import socket
+
+    password = tmp_path / "vine.password"
+    password.write_text(secrets.token_hex(32))
+    password.chmod(0o600)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pools = ["--pool-dir", str(tmp_path / "pools"), "--name", "cli-test"]
+    # In its own process, as from a shell: the detached factory outlives that process.
+    started = subprocess.run(
+        [str(Path(sys.executable).parent / "datavine"), "pool", "start", "--batch", "local",
+         "--workers", "2", "--manager", f"127.0.0.1:{port}", "--password", str(password),
+         "--idle-timeout", "60", "--factory-period", "1", *pools],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        code, data, out = run_cli([*small_run(data_dir, local_workers=False), "--no-xcache",
+                                   "--port", str(port), "--password", str(password),
+                                   "--pool-workers", "2"], tmp_path, capsys)
+    finally:
+        assert cli.main(["pool", "stop", *pools]) == 0
+    assert code == 0, out
+    check_record(data, reference)
+    assert data["cluster"]["kind"] == "2 pool worker(s)" and data["cluster"]["port"] == port
+
+
+def test_pool_workers_and_local_workers_exclude_each_other(
+        tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, out = run_cli([*small_run(data_dir), "--no-xcache", "--pool-workers", "2"],
+                           tmp_path, capsys)
+    assert code == 2 and "--pool-workers" in out
+
+
+def test_missing_password_file_is_named(tmp_path: Path, data_dir: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, out = run_cli([*small_run(data_dir), "--no-xcache", "--password",
+                            str(tmp_path / "nope")], tmp_path, capsys)
+    assert code == 2 and f"--password {tmp_path / 'nope'}: no such file" in out

@@ -55,6 +55,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -91,6 +97,15 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
                        help="read the local files, not through the XCache testbed")
     where.add_argument("--shards", type=_positive, default=2, metavar="N",
                        help="XCache shards of the testbed (default 2, racks A and B)")
+    where.add_argument("--pool-workers", type=_positive, default=None, metavar="N",
+                       help="start no local workers: wait for N workers of a pool started "
+                       "with 'datavine pool start' (give the pool --port and --password)")
+    where.add_argument("--pool-timeout", type=_seconds, default=120.0, metavar="S",
+                       help="with --pool-workers: give up after S seconds (default 120)")
+    where.add_argument("--port", type=_port, default=0, metavar="P",
+                       help="the manager's port (default: any free port)")
+    where.add_argument("--password", type=Path, default=None, metavar="FILE",
+                       help="the manager's password file (default: a new one for this run)")
     where.add_argument("--facility", type=Path, metavar="FILE",
                        help="manager, run settings, shards and pools from a facility file")
     where.add_argument("--timeout", type=_seconds, default=None, metavar="S",
@@ -322,7 +337,7 @@ def facility_chunks(facility: Facility, files: list[Path], args: argparse.Namesp
 def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
                   facility: Facility | None, record: dict[str, Any]) -> Cluster:
     """A started cluster: local workers, or the facility's pools; closed by ``stack``."""
-    from datavine.cluster import LocalCluster
+    from datavine.cluster import Cluster, LocalCluster
     from datavine.config import ManagerConfig, RunConfig
     from datavine.facility import FacilityCluster
 
@@ -330,15 +345,28 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
     run = run.replace(progress=not args.no_progress,
                       timeout_s=args.timeout if args.timeout is not None else run.timeout_s)
     if facility is not None:
+        if args.port or args.password is not None:
+            raise RunError(f"--port and --password do not go with --facility: set them in "
+                           f"the [manager] section of {facility.path}")
         manager = facility.manager
     else:
+        if args.password is not None and not args.password.is_file():
+            raise RunError(f"--password {args.password}: no such file")
         run_dir = stack.enter_context(tempfile.TemporaryDirectory(
             prefix="datavine-run-", ignore_cleanup_errors=True))
-        manager = ManagerConfig(run_dir=Path(run_dir))
+        manager = ManagerConfig(port=args.port, password_file=args.password,
+                                run_dir=Path(run_dir))
         # The TaskVine manager writes its last logs when it is collected: before run_dir goes.
         stack.callback(gc.collect)
     cluster: Cluster
-    if facility is not None and facility.pools and args.workers is None:
+    if args.pool_workers is not None and args.workers is not None:
+        raise RunError("--workers (local workers) and --pool-workers (a pool's) exclude each "
+                       "other")
+    if args.pool_workers is not None:
+        cluster = Cluster(manager, run, min_workers=args.pool_workers,
+                          connect_timeout_s=args.pool_timeout)
+        kind = f"{args.pool_workers} pool worker(s)"
+    elif facility is not None and facility.pools and args.workers is None:
         cluster = FacilityCluster(facility, run)
         kind = f"pools {', '.join(p.name for p in facility.pools)}"
     else:
