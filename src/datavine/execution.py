@@ -31,7 +31,7 @@ from datavine.errors import (
 )
 from datavine.inputs import task_files
 from datavine.memory import GiveUp
-from datavine.placement import Placement, TaskInputs, decide
+from datavine.placement import Placement, TaskInputs, Tier, decide
 from datavine.progress import RunProgress
 from datavine.shards import logical_name
 from datavine.summary import RunSummary
@@ -149,7 +149,7 @@ class GraphRun:
 
     def _place(self, bundle: Bundle, waited_s: float) -> Placement:
         if not bundle.files or self.cfg.placement is None:
-            return Placement("run", 0, reason="no input files or placement off")  # type: ignore[arg-type]
+            return Placement("run", Tier.FAR, reason="no input files, or placement is off")
         shardmap = self.cfg.shardmap
         task = (TaskInputs.from_shardmap(bundle.files, shardmap) if shardmap is not None
                 else TaskInputs(tuple(dict.fromkeys(logical_name(f) for f in bundle.files))))
