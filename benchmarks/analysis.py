@@ -1,0 +1,274 @@
+"""Benchmark: the AGC-style ttbar selection over generated NanoAOD-like files, per executor.
+
+The data (``--events`` in all, ``--files`` files, per compression) is generated once into
+``--data-dir`` (default ``build/bench-data``, outside git) and reused; every file is read
+once before any clock starts so that all peers find it in the page cache. The graph is one
+:func:`datavine.analysis.agc.process_item` task per chunk of ~``--chunk-events`` events and
+a tree of merges (fan-in 8). Peers, each with its workers started before its clock:
+
+- plain loop: :func:`~datavine.analysis.agc.run_plain_loop` in this process (one core);
+  it is the reference result and the single-core rate;
+- dask threads / dask processes (a pre-started spawn pool) of ``workers * cores``;
+- distributed: ``LocalCluster(workers, cores threads)``;
+- DaskVine function-calls (and with ``--daskvine-tasks``, DaskVine tasks on a few chunks);
+- datavine: ``datavine.LocalCluster(workers, cores)``.
+
+Every peer's merged histogram, event and selection counts must equal the plain loop's.
+Runs are repeated (``--repeat``) and the best kept; all times are in the table. The last
+line is ``events_per_s=... ratio_vs_limit=... ratio_vs_best_peer=...``, where the limit is
+``workers * cores`` times the plain loop's events/s.
+
+    .venv/bin/python benchmarks/analysis.py [--compression both|zstd|lzma]
+        [--workers 2 --cores 1] [--events 4000000 --files 8 --chunk-events 100000]
+        [--repeat 2] [--peers datavine plain_loop ...] [--daskvine-tasks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import common
+import dask
+import dask.multiprocessing
+import dask.threaded
+
+from datavine.analysis import agc
+from datavine.datagen import generate_dataset
+
+PEERS = ("plain_loop", "threads", "processes", "distributed", "daskvine_fc", "datavine")
+NAMES = {"datavine": "datavine", "daskvine_fc": "DaskVine function-calls",
+         "daskvine_tasks": "DaskVine tasks", "threads": "dask threads",
+         "processes": "dask processes", "distributed": "distributed",
+         "plain_loop": "plain loop"}
+FAN_IN = 8
+
+
+# Merges live in this script (__main__), so every peer ships them by value.
+def merge(*parts: agc.ChunkResult) -> agc.ChunkResult:
+    return sum(parts, agc.ChunkResult.empty())
+
+
+# --- data --------------------------------------------------------------------------------
+def dataset(data_dir: Path, compression: str, events: int, files: int,
+            parallel: int) -> list[Path]:
+    """``files`` files of ``events / files`` events each, generated once, in parallel.
+
+    File ``i`` is its own one-file dataset (seed ``i``) in ``part-i``: each has its own
+    manifest, so parallel generation needs no lock, and a second call only checks them.
+    """
+    per_file = -(-events // files)
+    root = data_dir / f"{compression}-{files}x{per_file}"
+    jobs = [(root / f"part-{i:03d}", compression, per_file, i) for i in range(files)]
+    started = time.perf_counter()
+    with concurrent.futures.ProcessPoolExecutor(
+            max(1, min(parallel, files)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        paths = [p for part in pool.map(_generate_part, jobs) for p in part]
+    seconds = time.perf_counter() - started
+    if seconds > 5:
+        print(f"# generated {files} {compression} files in {seconds:.0f} s under {root}",
+              file=sys.stderr, flush=True)
+    return paths
+
+
+def _generate_part(job: tuple[Path, str, int, int]) -> list[Path]:
+    directory, compression, per_file, seed = job
+    return generate_dataset(directory, 1, per_file, compression, seed=seed)
+
+
+def warm_page_cache(paths: list[Path]) -> int:
+    """Read every file once (outside the clocks); returns the bytes read."""
+    total = 0
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 24):
+                total += len(block)
+    return total
+
+
+# --- graph -------------------------------------------------------------------------------
+def build_graph(chunks: list[agc.Chunk]) -> Any:
+    """One task per chunk, then merges of ``FAN_IN`` until one result is left."""
+    level = [dask.delayed(agc.process_item, pure=False)(chunk) for chunk in chunks]
+    while len(level) > 1:
+        level = [dask.delayed(merge, pure=False)(*level[i:i + FAN_IN])
+                 for i in range(0, len(level), FAN_IN)]
+    return level[0]
+
+
+def same_result(a: Any, b: agc.ChunkResult) -> bool:
+    """Equal histogram, events and selected events (the analysis' result)."""
+    while isinstance(a, (list, tuple)) and len(a) == 1:
+        a = a[0]
+    return (isinstance(a, agc.ChunkResult) and (a.counts == b.counts).all()
+            and a.events == b.events and a.events_selected == b.events_selected)
+
+
+# --- peers -------------------------------------------------------------------------------
+def run_repeated(peer: str, events: int, repeat: int, compute: Callable[[], Any],
+                 reference: agc.ChunkResult | None, note: str) -> tuple[common.PeerResult, Any]:
+    """``repeat`` timed runs; the best one (all times noted) and the last value."""
+    runs, value = [], None
+
+    def run() -> Any:
+        nonlocal value
+        value = compute()
+        return value
+
+    for _ in range(repeat):
+        check = (lambda v: same_result(v, reference)) if reference is not None else (
+            lambda v: isinstance(v, agc.ChunkResult) and v.events == events)
+        runs.append(common.measure(NAMES[peer], events, run, check, note))
+    best = common.best_of(runs)
+    if repeat > 1:
+        times = ", ".join(f"{r.seconds:.2f}" for r in runs if r.seconds is not None)
+        best.note = f"{best.note + '; ' if best.note else ''}runs {times} s"
+    return best, value
+
+
+def run_peer(peer: str, chunks: list[agc.Chunk], events: int, args: argparse.Namespace,
+             reference: agc.ChunkResult | None) -> tuple[common.PeerResult, Any]:
+    slots = args.workers * args.cores
+    shape = f"{args.workers}x{args.cores}"
+
+    def repeated(compute: Callable[[], Any], note: str, repeat: int = args.repeat
+                 ) -> tuple[common.PeerResult, Any]:
+        return run_repeated(peer, events, repeat, compute, reference, note)
+
+    def via(get: Callable[..., Any]) -> Callable[[], Any]:
+        return lambda: dask.compute(build_graph(chunks), scheduler=get)[0]
+
+    if peer == "plain_loop":
+        return repeated(lambda: agc.run_plain_loop(chunks), "one process, one core")
+    if peer == "threads":
+        return repeated(via(lambda d, k, **kw: dask.threaded.get(d, k, num_workers=slots, **kw)),
+                        f"{slots} threads")
+    if peer == "processes":
+        with concurrent.futures.ProcessPoolExecutor(
+                slots, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_hold, range(slots)))  # every process started (imports done)
+            return repeated(via(lambda d, k, **kw: dask.multiprocessing.get(
+                d, k, pool=pool, num_workers=slots, **kw)), f"{slots} processes (spawn)")
+    if peer == "distributed":
+        with common.distributed_client(args.workers, args.cores) as client:
+            return repeated(via(client.get), shape)
+    if peer in ("daskvine_fc", "daskvine_tasks"):
+        mode = "function-calls" if peer == "daskvine_fc" else "tasks"
+        with common.daskvine(args.workers, args.cores) as manager:
+            get = common.daskvine_get(manager, mode, args.cores)
+
+            def compute() -> Any:
+                total = build_graph(chunks)
+                return get(dict(total.__dask_graph__()), total.__dask_keys__())
+
+            return repeated(compute, f"{shape}, " + ("library, exec fork" if mode ==
+                                                     "function-calls" else "a Python per task"),
+                            repeat=1 if mode == "tasks" else args.repeat)
+    if peer == "datavine":
+        import datavine
+
+        manager = datavine.ManagerConfig(run_dir=common.run_dir("datavine"))
+        with datavine.LocalCluster(workers=args.workers, cores=args.cores,
+                                   manager=manager) as cluster:
+            result = repeated(via(cluster.get), f"{shape}; run 1 includes the library start")
+            summary = cluster.last_summary
+            if summary is not None:
+                result[0].note += f"; last run {summary.bundles} bundles"
+            return result
+    raise ValueError(f"unknown peer {peer!r}: choose from {', '.join(PEERS)}")
+
+
+def _hold(_: int) -> int:
+    time.sleep(0.2)  # busy long enough that each of the pool's processes gets one call
+    return os.getpid()
+
+
+# --- one compression ---------------------------------------------------------------------
+def run_compression(compression: str, args: argparse.Namespace) -> dict[str, Any]:
+    files = dataset(args.data_dir, compression, args.events, args.files,
+                    parallel=len(os.sched_getaffinity(0)))
+    chunks = agc.make_chunks(files, args.chunk_events)
+    size = warm_page_cache(files)
+    events = sum(c.entry_stop - c.entry_start for c in chunks)
+    print(f"## {compression}: {len(files)} files, {size / 1e6:.0f} MB, {events:,} events, "
+          f"{len(chunks)} chunks; {common.machine_info()}", flush=True)
+
+    peers = [p for p in args.peers if p != "plain_loop"]
+    results: dict[str, common.PeerResult] = {}
+    reference = None
+    if "plain_loop" in args.peers:
+        results["plain_loop"], reference = run_peer("plain_loop", chunks, events, args, None)
+    for peer in peers:
+        results[peer], _ = run_peer(peer, chunks, events, args, reference)
+    if args.daskvine_tasks:
+        subset = chunks[:args.daskvine_tasks_chunks]
+        sub_events = sum(c.entry_stop - c.entry_start for c in subset)
+        results["daskvine_tasks"], _ = run_peer("daskvine_tasks", subset, sub_events, args,
+                                                agc.run_plain_loop(subset))
+    print(common.table(list(results.values()), "events"), flush=True)
+    return summarise(compression, results, args.workers * args.cores)
+
+
+def summarise(compression: str, results: dict[str, common.PeerResult],
+              slots: int) -> dict[str, Any]:
+    mine = results["datavine"].rate if "datavine" in results else None
+    plain = results["plain_loop"].rate if "plain_loop" in results else None
+    limit = plain * slots if plain else None
+    others = [r for p, r in results.items() if p not in ("datavine", "plain_loop")]
+    best_peer = common.best_of(others) if others else None
+    out: dict[str, Any] = {
+        "events_per_s": f"{mine:.0f}" if mine else "nan",
+        "ratio_vs_limit": common.ratio(mine, limit),
+        "ratio_vs_best_peer": common.ratio(mine, best_peer.rate if best_peer else None),
+        "best_peer": common.slug(best_peer.name) if best_peer else "none",
+        "limit_events_per_s": f"{limit:.0f}" if limit else "nan",
+    }
+    for peer, result in results.items():
+        out[f"{peer}_events_per_s"] = f"{result.rate:.0f}" if result.rate else "nan"
+    out["all_correct"] = int(all(r.ok for r in results.values()))
+    print(f"# {compression}: " + common.kv_line(out), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compression", choices=("both", "zstd", "lzma"), default="both")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cores", type=int, default=1, help="cores per worker")
+    parser.add_argument("--events", type=int, default=4_000_000, help="events per compression")
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--chunk-events", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=2, help="timed runs per peer, best kept")
+    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    parser.add_argument("--daskvine-tasks", action="store_true",
+                        help="also run DaskVine's tasks mode (a Python per task) on a few chunks")
+    parser.add_argument("--daskvine-tasks-chunks", type=int, default=8)
+    parser.add_argument("--data-dir", type=Path, default=common.REPO / "build" / "bench-data")
+    args = parser.parse_args(argv)
+    if args.events < args.files or args.files < 1 or args.chunk_events < 1:
+        parser.error("need --files >= 1, --events >= --files and --chunk-events >= 1")
+    common.quiet()
+
+    kinds = ("zstd", "lzma") if args.compression == "both" else (args.compression,)
+    outcome = {kind: run_compression(kind, args) for kind in kinds}
+    first = outcome[kinds[0]]
+    pairs = {k: first[k] for k in ("events_per_s", "ratio_vs_limit", "ratio_vs_best_peer")}
+    pairs["compression"] = kinds[0]
+    for kind in kinds[1:]:
+        pairs.update({f"{kind}_{k}": outcome[kind][k]
+                      for k in ("events_per_s", "ratio_vs_limit", "ratio_vs_best_peer")})
+    pairs["workers"], pairs["cores"] = args.workers, args.cores
+    pairs["all_correct"] = int(all(o["all_correct"] for o in outcome.values()))
+    print(common.kv_line(pairs), flush=True)
+    return 0 if pairs["all_correct"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Shared pieces of the benchmarks: timing, the peers' clusters, the table and the key=value line.
+
+The peers a datavine benchmark compares against are started here, each with its workers
+connected before any clock starts (as pools are pre-started in production):
+
+- :func:`daskvine` -- cctools' ``DaskVine`` manager with local ``vine_worker`` processes that
+  authenticate with a fresh TaskVine password, as :class:`datavine.LocalCluster` does;
+- :func:`distributed_client` -- a ``distributed.LocalCluster`` of ``workers`` x ``cores``.
+
+:func:`measure` runs one peer, times it and checks its result; a peer that fails is
+reported in the table with its error instead of ending the benchmark. The last line a
+benchmark prints is :func:`kv_line`'s: one line of ``key=value`` pairs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / "runs" / "benchmarks"  # ignored by git
+
+
+@dataclass
+class PeerResult:
+    """One peer's measurement: ``units`` (tasks, events) done in ``seconds``."""
+
+    name: str
+    units: int
+    seconds: float | None = None
+    ok: bool | None = None
+    note: str = ""
+
+    @property
+    def rate(self) -> float | None:
+        """Units per second, only for a run that finished with the right result."""
+        if not self.ok or not self.seconds:
+            return None
+        return self.units / self.seconds
+
+
+def measure(name: str, units: int, run: Callable[[], Any], check: Callable[[Any], bool],
+            note: str = "") -> PeerResult:
+    """Time ``run()`` once and check its value; errors become a failed row, not a crash."""
+    print(f"# running {name} ({units} units) ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    try:
+        value = run()
+    except Exception as exc:  # a peer's failure is a finding, not the end of the benchmark
+        seconds = time.perf_counter() - started
+        traceback.print_exc(file=sys.stderr)
+        return PeerResult(name, units, seconds, False,
+                          f"{note + '; ' if note else ''}FAILED: {type(exc).__name__}: {exc}"[:200])
+    seconds = time.perf_counter() - started
+    ok = bool(check(value))
+    if not ok:
+        note = f"{note + '; ' if note else ''}WRONG RESULT"
+    result = PeerResult(name, units, seconds, ok, note)
+    print(f"#   {name}: {seconds:.2f} s ok={ok}", file=sys.stderr, flush=True)
+    return result
+
+
+def best_of(results: list[PeerResult]) -> PeerResult:
+    """The run with the highest rate (failed runs only if all failed)."""
+    good = [r for r in results if r.rate is not None]
+    return max(good, key=lambda r: r.rate or 0.0) if good else results[-1]
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    """``a / b`` to three digits, or ``nan`` when either is missing."""
+    if not a or not b:
+        return "nan"
+    return f"{a / b:.3g}"
+
+
+def slug(name: str) -> str:
+    """A peer name as a key: ``'DaskVine function-calls'`` -> ``'daskvine_fc'``."""
+    short = {"DaskVine function-calls": "daskvine_fc", "DaskVine tasks": "daskvine_tasks",
+             "dask threads": "threads", "dask processes": "processes",
+             "distributed": "distributed", "plain loop": "plain_loop"}
+    return short.get(name, name.lower().replace(" ", "_").replace("-", "_"))
+
+
+def table(results: list[PeerResult], unit: str) -> str:
+    """A Markdown table of the results, fastest first."""
+    rows = sorted(results, key=lambda r: -(r.rate or -1.0))
+    lines = [f"| peer | {unit} | seconds | {unit}/s | correct | note |",
+             "|---|---:|---:|---:|---|---|"]
+    for r in rows:
+        rate = f"{r.rate:,.0f}" if r.rate is not None else "-"
+        secs = f"{r.seconds:.2f}" if r.seconds is not None else "-"
+        lines.append(f"| {r.name} | {r.units:,} | {secs} | {rate} | "
+                     f"{'yes' if r.ok else 'NO'} | {r.note} |")
+    return "\n".join(lines)
+
+
+def kv_line(pairs: dict[str, Any]) -> str:
+    """One line of ``key=value`` pairs, in the given order."""
+    return " ".join(f"{k}={v}" for k, v in pairs.items())
+
+
+def machine_info() -> str:
+    """Host, usable cores, load and versions, for the record."""
+    import dask
+
+    cores = len(os.sched_getaffinity(0))
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"{now} host={platform.node()} usable_cores={cores} of {os.cpu_count()} "
+            f"load=[{load}] python={platform.python_version()} dask={dask.__version__}")
+
+
+def run_dir(prefix: str) -> Path:
+    """A fresh directory for one peer's manager and worker files under runs/benchmarks."""
+    RUNS.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=RUNS))
+
+
+def quiet() -> None:
+    """Silence the peers' chatty loggers (distributed's INFO lines)."""
+    for name in ("distributed", "bokeh", "tornado"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+# --- peers -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def daskvine(workers: int, cores: int, *, timeout_s: float = 60.0) -> Iterator[Any]:
+    """A cctools ``DaskVine`` manager with ``workers`` local ``vine_worker``s connected.
+
+    The workers get a fresh password file (a worker without it is rejected) and run this
+    interpreter, as datavine's own local workers do.
+    """
+    from ndcctools.taskvine import DaskVine
+
+    from datavine.cluster import make_password_file
+    from datavine.config import LocalWorkersConfig
+    from datavine.local_workers import LocalWorkers
+
+    where = run_dir("daskvine")
+    password = make_password_file(where)
+    manager = DaskVine(port=0, run_info_path=str(where / "vine-run-info"),
+                       staging_path=str(where))
+    manager.set_password_file(str(password))
+    pool = LocalWorkers(LocalWorkersConfig(workers=workers, cores=cores), manager.port,
+                        where / "workers", password_file=password)
+    pool.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while manager.stats.workers_connected < workers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"only {manager.stats.workers_connected} of {workers} vine_workers connected "
+                    f"to DaskVine on port {manager.port} within {timeout_s:.0f} s; "
+                    f"see {where / 'workers'}")
+            manager.wait(1)
+        yield manager
+    finally:
+        pool.stop()
+        del manager
+
+
+def daskvine_get(manager: Any, mode: str, workers_cores: int = 1) -> Callable[..., Any]:
+    """``DaskVine.get`` with a dict graph (it fails on dask >= 2025.4 expressions), in
+    ``mode`` 'function-calls' (one library per worker, a slot per core) or 'tasks'."""
+    options: dict[str, Any] = {"task_mode": mode, "progress_disable": True}
+    if mode == "function-calls":
+        options["lib_resources"] = {"cores": workers_cores, "slots": workers_cores}
+    else:
+        options["resources"] = {"cores": 1}
+
+    def get(dsk: Any, keys: Any) -> Any:
+        return manager.get(dict(dsk), keys, **options)
+
+    return get
+
+
+@contextlib.contextmanager
+def distributed_client(workers: int, cores: int) -> Iterator[Any]:
+    """A ``distributed.LocalCluster`` of ``workers`` processes x ``cores`` threads, connected."""
+    from distributed import Client, LocalCluster
+
+    quiet()
+    with LocalCluster(n_workers=workers, threads_per_worker=cores, processes=True,
+                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(workers, timeout=60)
+        yield client
