@@ -1,0 +1,200 @@
+"""Worker side of :class:`~datavine.coffea.DatavineExecutor`: one work item, and merges.
+
+These functions run inside datavine tasks on TaskVine workers and never raise: an item's
+exception is caught, classified (:mod:`datavine.coffea.badfiles`), retried when a retry can
+help, and sent back as an :class:`ItemFailure` value inside a :class:`Partial`, so that one
+bad item cannot abort the graph and the executor can still return the merge of the items
+that succeeded, as coffea's executors do.
+
+A :class:`Partial` holds the merged accumulator of some items (lz4-compressed pickle when
+the executor's ``compression`` is set, as coffea's executors do between worker and client),
+the number of items merged and the failures seen. Merges keep the items' order, so that
+results equal :class:`coffea.processor.IterativeExecutor`'s.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from datavine.coffea.badfiles import classify
+
+_MAX_CAUSES = 16
+_MAX_TEXT = 4000
+
+
+class ItemFailedError(RuntimeError):
+    """A work item's exception that could not be brought back from the worker as itself."""
+
+
+@dataclass(frozen=True)
+class ItemPolicy:
+    """How a worker runs one item.
+
+    Attributes:
+        retries: extra attempts after a failure that a retry may cure (I/O, timeouts;
+            not corrupt data), as coffea's ``automatic_retries``.
+        skipbadfiles: coffea's setting: ``False``, ``True`` or a tuple of exception types.
+        report_skippable: coffea's ``use_result_type``: a bad-file error is returned as the
+            run's exception instead of being skipped.
+        retry_delay_s: pause before attempt ``n + 1``: ``n * retry_delay_s`` seconds.
+        compression: lz4 level for the item's output, or ``None``.
+    """
+
+    retries: int = 0
+    skipbadfiles: bool | tuple[type[BaseException], ...] = False
+    report_skippable: bool = False
+    retry_delay_s: float = 0.0
+    compression: int | None = None
+
+
+@dataclass
+class ItemFailure:
+    """An item that did not produce output: where, why, and whether it was skipped."""
+
+    index: int
+    item: str
+    filename: str | None
+    error: str
+    traceback: str
+    attempts: int
+    skipped: bool
+    reason: str
+    causes: list[bytes | None] = field(default_factory=list)
+
+    @classmethod
+    def capture(cls, index: int, item: Any, exc: BaseException, attempts: int,
+                skipped: bool, reason: str) -> ItemFailure:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(index, repr(item)[:_MAX_TEXT], _filename(item),
+                   f"{type(exc).__name__}: {exc}"[:_MAX_TEXT], tb[-4 * _MAX_TEXT:], attempts,
+                   skipped, reason, _pickle_causes(exc))
+
+    def to_exception(self) -> BaseException:
+        """The item's exception with its ``__cause__`` chain, carrying the remote traceback
+        as a note; an :class:`ItemFailedError` when it cannot be rebuilt."""
+        chain = [_unpickle(blob) for blob in self.causes]
+        exc = chain[0] if chain and chain[0] is not None else ItemFailedError(
+            f"work item {self.item} failed: {self.error}")
+        current = exc
+        for cause in chain[1:]:
+            if cause is None:
+                break
+            current.__cause__ = cause
+            current = cause
+        exc.add_note(f"datavine: work item {self.index} ({self.item}) failed after "
+                     f"{self.attempts} attempt(s); remote traceback:\n{self.traceback}")
+        return exc
+
+
+@dataclass
+class Partial:
+    """The merge of some items' outputs, plus the failures among them."""
+
+    value: Any = None
+    items: int = 0
+    failures: list[ItemFailure] = field(default_factory=list)
+
+
+def run_item(function: Callable[[Any], Any], item: Any, index: int,
+             policy: ItemPolicy) -> Partial:
+    """Run ``function(item)`` under ``policy``; never raises."""
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            out = function(item)
+        except Exception as exc:
+            verdict = classify(exc, policy.skipbadfiles)
+            if verdict.retryable and attempts <= policy.retries:
+                time.sleep(policy.retry_delay_s * attempts)
+                continue
+            skipped = verdict.bad_file and not policy.report_skippable
+            return Partial(failures=[ItemFailure.capture(index, item, exc, attempts, skipped,
+                                                         verdict.reason)])
+        try:
+            value = compress(out, policy.compression)
+        except Exception as exc:
+            return Partial(failures=[ItemFailure.capture(
+                index, item, TypeError(f"the output of work item {index} cannot be "
+                                       f"pickled: {exc}"), attempts, False, "")])
+        return Partial(value=value, items=1)
+
+
+def merge_partials(parts: Sequence[Partial], compression: int | None) -> Partial:
+    """Merge in order: the accumulators with coffea's ``accumulate``, the failures listed.
+    An accumulator that fails to merge becomes a failure (never raises)."""
+    failures = [f for p in parts for f in p.failures]
+    items = sum(p.items for p in parts)
+    values = [p.value for p in parts if p.value is not None]
+    if len(values) <= 1:
+        return Partial(values[0] if values else None, items, failures)
+    try:
+        from coffea.processor.accumulator import accumulate
+
+        merged = accumulate(decompress(v) for v in values)
+        return Partial(compress(merged, compression), items, failures)
+    except Exception as exc:
+        failure = ItemFailure.capture(-1, f"merge of {len(values)} outputs", exc, 1, False, "")
+        return Partial(None, 0, [*failures, failure])
+
+
+def compress(value: Any, level: int | None) -> Any:
+    """``value`` as lz4-compressed pickle at ``level``, or as is when ``level`` is None."""
+    if value is None or level is None:
+        return value
+    import lz4.frame
+
+    blob = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return _Compressed(lz4.frame.compress(blob, compression_level=level))
+
+
+def decompress(value: Any) -> Any:
+    if isinstance(value, _Compressed):
+        import lz4.frame
+
+        return pickle.loads(lz4.frame.decompress(value.blob))
+    return value
+
+
+@dataclass(frozen=True)
+class _Compressed:
+    """Marks compressed bytes, so that an accumulator that is itself ``bytes`` stays one."""
+
+    blob: bytes
+
+
+def _filename(item: Any) -> str | None:
+    name = getattr(item, "filename", None)
+    return str(name) if name is not None else None
+
+
+def _pickle_causes(exc: BaseException) -> list[bytes | None]:
+    """The ``__cause__`` chain, each exception pickled on its own (pickle drops causes)."""
+    blobs: list[bytes | None] = []
+    current: BaseException | None = exc
+    while current is not None and len(blobs) < _MAX_CAUSES:
+        try:
+            blob = cloudpickle.dumps(current)
+            pickle.loads(blob)  # an exception that pickles but cannot be rebuilt is no use
+        except Exception:
+            blob = None
+        blobs.append(blob)
+        current = current.__cause__
+    return blobs
+
+
+def _unpickle(blob: bytes | None) -> BaseException | None:
+    if blob is None:
+        return None
+    try:
+        value = pickle.loads(blob)
+    except Exception:
+        return None
+    return value if isinstance(value, BaseException) else None
