@@ -1,0 +1,163 @@
+"""``datavine scale-test`` (and ``python -m datavine.scaletest``): run, report, plot.
+
+``add_command(subparsers)`` adds the ``scale-test`` sub-command to datavine's CLI (its
+handler is ``func``, taking the parsed arguments and returning the exit code); ``main(argv)``
+runs the same options on their own. The record goes to ``--json`` and the timeline to
+``--png`` (both under ``--out`` by default); the last line printed is the headline figures
+as ``key=value`` pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from datavine.config import ConfigError
+from datavine.errors import DatavineError
+from datavine.scaletest.run import COMPRESSIONS, POOLS, ScaleTestConfig, run_scale_test
+
+DEFAULT_OUT = Path("runs/scaletest")
+EXIT_ERROR = 2
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The scale test's options, on ``parser``."""
+    data = parser.add_argument_group("data")
+    data.add_argument("--files", type=_positive, default=8, metavar="N",
+                      help="generated files (default 8)")
+    data.add_argument("--events-per-file", type=_positive, default=100_000, metavar="N",
+                      help="events per generated file (default 100000)")
+    data.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
+                      help="compression of the generated files (default zstd)")
+    data.add_argument("--seed", type=_non_negative, default=0, help="generator seed")
+    data.add_argument("--data", type=Path, default=DEFAULT_OUT / "data", metavar="DIR",
+                      help=f"where generated files live (default {DEFAULT_OUT / 'data'}; "
+                      "reused when their parameters match)")
+    data.add_argument("--fileset", type=Path, metavar="JSON",
+                      help="read these files or URLs instead of generated data")
+    data.add_argument("--chunk-events", type=_positive, default=100_000, metavar="N",
+                      help="events per task (default 100000)")
+    pool = parser.add_argument_group("pool")
+    pool.add_argument("--pool", choices=POOLS, default="local",
+                      help="local: workers on this host (default); external: workers of a "
+                      "pool started elsewhere connect to --port; condor: HTCondor workers "
+                      "through vine_factory")
+    pool.add_argument("--workers", type=_positive, metavar="N",
+                      help="workers (default: one per core here)")
+    pool.add_argument("--cores", type=_positive, default=1, metavar="C",
+                      help="cores per worker (default 1)")
+    pool.add_argument("--memory", type=_positive, metavar="MB", help="memory per worker")
+    pool.add_argument("--port", type=_non_negative, default=0,
+                      help="the manager's port (needed with --pool external)")
+    pool.add_argument("--password", type=Path, metavar="FILE",
+                      help="the manager's password file (needed with --pool external)")
+    pool.add_argument("--manager-host", default="127.0.0.1",
+                      help="where condor workers reach the manager (default 127.0.0.1)")
+    pool.add_argument("--xcache", type=_non_negative, default=0, metavar="N",
+                      help="read the generated files through a loopback XCache testbed of "
+                      "N shards (default 0: local files)")
+    pool.add_argument("--timeout", type=_seconds, metavar="S",
+                      help="fail when processing takes longer than S seconds")
+    pool.add_argument("--connect-timeout", type=_seconds, default=120.0, metavar="S",
+                      help="wait at most S seconds for the workers (default 120)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                     help=f"folder of the default --json and --png (default {DEFAULT_OUT})")
+    out.add_argument("--json", type=Path, metavar="PATH",
+                     help="the JSON record (default OUT/scaletest.json)")
+    out.add_argument("--png", type=Path, metavar="PATH",
+                     help="the timeline (default OUT/timeline.png)")
+    out.add_argument("--bin", type=_seconds, metavar="S", help="timeline bin width")
+    out.add_argument("--progress", action="store_true", help="datavine's progress bar")
+
+
+def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``scale-test`` to a CLI's sub-commands; returns its parser."""
+    parser = subparsers.add_parser(
+        "scale-test", help="the AGC-style analysis on a pool, measured like the 200 Gbps "
+        "challenge (Gbps, kHz per core, files, memory, timeline)",
+        description="Run the AGC-style analysis over generated NanoAOD-like files (or a "
+        "fileset) on a pool and report data rate, event rate, files processed and failed, "
+        "peak memory per worker, with a JSON record and a timeline PNG.")
+    add_options(parser)
+    parser.set_defaults(func=cmd_scale_test)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ScaleTestConfig:
+    return ScaleTestConfig(
+        files=args.files, events_per_file=args.events_per_file,
+        chunk_events=args.chunk_events, compression=args.compression, seed=args.seed,
+        data_dir=args.data, fileset=args.fileset, workers=args.workers, cores=args.cores,
+        memory_mb=args.memory, pool=args.pool, port=args.port, password_file=args.password,
+        manager_host=args.manager_host, xcache_shards=args.xcache, timeout_s=args.timeout,
+        connect_timeout_s=args.connect_timeout, bin_s=args.bin, progress=args.progress)
+
+
+def cmd_scale_test(args: argparse.Namespace) -> int:
+    """Run the scale test, print the report, write the JSON record and the timeline."""
+    from datavine.scaletest.plot import plot_timeline
+
+    config = config_from_args(args)
+    source = str(config.fileset) if config.fileset else (
+        f"{config.files} generated files x {config.events_per_file:,} events "
+        f"({config.compression}) in {config.data_dir}")
+    print(f"scale test: {source}, chunks of {config.chunk_events:,} events, pool "
+          f"{config.pool} ({config.n_workers} workers x {config.cores} cores)"
+          + (f", through {config.xcache_shards} XCache shard(s)" if config.xcache_shards else ""))
+    report = run_scale_test(config)
+    for line in report.lines():
+        print(line)
+    json_path = report.write_json(args.json or args.out / "scaletest.json")
+    png_path = plot_timeline(report, args.png or args.out / "timeline.png")
+    print(f"record: {json_path}; timeline: {png_path}")
+    print(report.figures_line())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m datavine.scaletest [options]``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m datavine.scaletest",
+                                     description="datavine's scale test (see datavine "
+                                     "scale-test --help).")
+    add_options(parser)
+    parser.add_argument("--verbose", action="store_true", help="tracebacks on errors")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    try:
+        return cmd_scale_test(args)
+    except (DatavineError, ConfigError, OSError) as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"scale-test: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("scale-test: interrupted", file=sys.stderr)
+        return 130
