@@ -1,0 +1,176 @@
+"""The scale test: real runs on local TaskVine workers, and the pure report logic.
+
+The runs use small generated datasets (4 files x 20k events) and 2 one-core workers; one
+dataset has a file whose baskets are overwritten, which must be reported as failed while the
+others are processed. The report's arithmetic is checked on hand-made records.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import uproot
+
+from datavine.analysis.agc import ChunkResult
+from datavine.datagen import generate_dataset
+from datavine.scaletest import ScaleTestConfig, build_report, run_scale_test
+from datavine.scaletest.cli import main
+from datavine.scaletest.run import ScaleTestError, fileset_files, make_chunks
+from datavine.scaletest.tasks import ChunkRecord, FileInfo, Tally
+from datavine.summary import RunSummary
+
+FILES, EVENTS = 4, 20_000
+REQUIRED = ("gbps", "events_per_s", "khz_per_core", "files_processed", "files_failed",
+            "peak_memory_mb", "workers", "cores")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("scaletest-data")
+    generate_dataset(folder, FILES, EVENTS, "zstd")
+    return folder
+
+
+def entries(path: Path) -> int:
+    with uproot.open(path) as f:
+        return int(f["Events"].num_entries)
+
+
+@pytest.mark.taskvine
+def test_cli_run_writes_record_and_timeline(dataset: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    record, png = tmp_path / "out" / "record.json", tmp_path / "out" / "timeline.png"
+    code = main(["--files", str(FILES), "--events-per-file", str(EVENTS), "--chunk-events",
+                 "10000", "--workers", "2", "--data", str(dataset), "--json", str(record),
+                 "--png", str(png)])
+    assert code == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("gbps=") and "files_processed=4" in last
+
+    doc = json.loads(record.read_text())
+    assert all(key in doc for key in REQUIRED)
+    files = sorted(dataset.glob("nanoaod_*.root"))
+    assert doc["events"] == sum(entries(f) for f in files) == FILES * EVENTS
+    assert doc["files_processed"] == FILES and doc["files_failed"] == 0
+    assert doc["chunks"] == 8 and doc["chunks_failed"] == 0
+    assert doc["gbps"] > 0 and doc["events_per_s"] > 0 and doc["khz_per_core"] > 0
+    assert doc["gbps"] == pytest.approx(doc["bytes_read"] * 8 / doc["wall_s"] / 1e9)
+    assert doc["khz_per_core"] == pytest.approx(doc["events_per_s"] / 1e3 / doc["cores"])
+    assert doc["workers"] == 2 and doc["cores"] == 2
+    assert 20 < doc["peak_memory_mb"] < 4000
+    assert len(doc["peak_memory_mb_per_worker"]) == 2
+    assert sum(doc["histogram"]["counts"]) > 0
+    timeline = doc["timeline"]
+    n = len(timeline["t"])
+    assert n >= 1 and all(len(timeline[k]) == n for k in ("workers", "gbps", "khz"))
+    # the timeline's rates integrate back to the totals
+    assert sum(timeline["khz"]) * 1e3 * timeline["dt"] == pytest.approx(doc["events"], rel=1e-3)
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
+
+
+@pytest.mark.taskvine
+def test_corrupt_file_is_counted_failed_and_others_processed(dataset: Path,
+                                                             tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(dataset, data)
+    bad = data / "nanoaod_0002.root"
+    garble_baskets(bad, "Jet_pt")
+    fileset = tmp_path / "fileset.json"  # coffea's form: {dataset: {"files": {path: tree}}}
+    fileset.write_text(json.dumps({"ttbar": {"files": {
+        str(f): "Events" for f in sorted(data.glob("nanoaod_*.root"))}}}))
+    report = run_scale_test(ScaleTestConfig(fileset=fileset, chunk_events=10_000, workers=2))
+    assert report.files_failed == 1 and report.files_processed == FILES - 1
+    assert [f["file"] for f in report.failed_files] == [str(bad.resolve())]
+    assert report.failed_files[0]["stage"] == "process"
+    assert report.chunks_failed == 2 and report.chunks == 8
+    assert report.events == (FILES - 1) * EVENTS
+    assert report.gbps > 0
+
+
+def garble_baskets(path: Path, branch_name: str) -> None:
+    with uproot.open(path) as f:
+        branch = f["Events"][branch_name]
+        spans = [(int(s), int(n)) for s, n in zip(branch.member("fBasketSeek"),
+                                                  branch.member("fBasketBytes"), strict=True) if n]
+    with open(path, "r+b") as out:
+        for seek, size in spans:
+            out.seek(seek)
+            out.write(b"\xa5" * size)
+
+
+# ---------------------------------------------------------------------------------------
+# pure logic
+
+
+def record(path: str, start: float, end: float, events: int, nbytes: int, worker: str = "w0",
+           error: str | None = None, peak: float = 100.0) -> ChunkRecord:
+    return ChunkRecord(path, 0, events, worker, start, end, 0 if error else events,
+                       0 if error else nbytes, peak, 1, error)
+
+
+def test_report_figures_and_failed_files() -> None:
+    infos = [FileInfo("a.root", 1000), FileInfo("b.root", 1000), FileInfo("c.root", error="x")]
+    records = [record("a.root", 100.0, 101.0, 1000, 4_000_000, "w0", peak=150.0),
+               record("b.root", 100.5, 101.5, 1000, 4_000_000, "w1", error="OSError: gone")]
+    result = ChunkResult(np.zeros(25, np.int64), events=1000, bytes_read=4_000_000)
+    report = build_report(infos, Tally(result, records), wall_s=2.0, t0=100.0, workers=2,
+                          cores=2, bin_s=0.5)
+    assert report.gbps == pytest.approx(4_000_000 * 8 / 2.0 / 1e9)
+    assert report.events_per_s == 500 and report.khz_per_core == pytest.approx(0.25)
+    assert (report.files, report.files_processed, report.files_failed) == (3, 1, 2)
+    assert {f["file"]: f["stage"] for f in report.failed_files} == {
+        "c.root": "open", "b.root": "process"}
+    assert report.events_expected == 2000 and report.chunks_failed == 1
+    assert report.peak_memory_mb == 150.0
+    assert report.peak_memory_mb_per_worker == {"w0": 150.0, "w1": 100.0}
+    tl = report.timeline
+    assert tl.t == [0.0, 0.5, 1.0, 1.5] and tl.workers == [2.0] * 4
+    assert tl.khz == [1.0, 1.0, 0.0, 0.0]  # a's 1000 events over its first second
+    assert tl.busy_workers == [1.0, 2.0, 1.0, 0.0]
+    assert sum(tl.gbps) * tl.dt == pytest.approx(4_000_000 * 8 / 1e9)
+
+
+def test_report_prefers_the_runtime_figures() -> None:
+    summary = RunSummary(tasks=3, samples=[(0.0, 1, 1), (1.0, 3, 3)],
+                         worker_peak_mb={"local-0": 321.0, "local-1": 123.0},
+                         completions=[(0.5, ("agc-chunk", "t", 0), "local-0")])
+    rec = record("a.root", 10.0, 12.0, 10, 100)
+    report = build_report([FileInfo("a.root", 10)], Tally(ChunkResult.empty(), [rec]),
+                          wall_s=2.0, t0=10.0, workers=3, cores=3, summary=summary, bin_s=0.5)
+    assert report.timeline.workers == [1.0, 1.0, 3.0, 3.0]
+    assert report.peak_memory_mb == 321.0
+    assert report.summary is not None and report.summary["tasks"] == 3
+    assert "completions" not in report.summary
+    assert json.loads(json.dumps(report.to_dict()))["peak_memory_mb_per_worker"] == {
+        "local-0": 321.0, "local-1": 123.0}
+
+
+def test_make_chunks_equal_pieces_and_skips_failed_files() -> None:
+    infos = [FileInfo("a", 250), FileInfo("b", error="bad"), FileInfo("c", 0), FileInfo("d", 99)]
+    chunks = make_chunks(infos, 100)
+    assert chunks == [("a", 0, 83), ("a", 83, 166), ("a", 166, 250), ("d", 0, 99)]
+
+
+def test_fileset_forms(tmp_path: Path) -> None:
+    (tmp_path / "f.json").write_text(json.dumps({
+        "a": ["x.root", "root://host//y.root"], "b": {"files": {"z.root": "Events"}},
+        "c": {"files": ["x.root"]}}))
+    assert fileset_files(tmp_path / "f.json") == [
+        str(tmp_path / "x.root"), "root://host//y.root", str(tmp_path / "z.root")]
+    (tmp_path / "bad.json").write_text(json.dumps({"a": 3}))
+    with pytest.raises(ScaleTestError, match=r"bad\.json"):
+        fileset_files(tmp_path / "bad.json")
+    with pytest.raises(ScaleTestError, match=r"missing\.json"):
+        fileset_files(tmp_path / "missing.json")
+
+
+def test_bad_options_name_the_setting(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--pool", "external", "--out", str(tmp_path)]) == 2
+    assert "--port" in capsys.readouterr().err
+    assert main(["--files", "0"]) == 2
