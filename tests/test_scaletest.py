@@ -174,3 +174,21 @@ def test_bad_options_name_the_setting(tmp_path: Path,
     assert main(["--pool", "external", "--out", str(tmp_path)]) == 2
     assert "--port" in capsys.readouterr().err
     assert main(["--files", "0"]) == 2
+
+
+@pytest.mark.taskvine
+@pytest.mark.xcache
+def test_run_through_xcache_shards(dataset: Path) -> None:
+    from tests.fixtures_xcache import xcache_missing
+
+    why = xcache_missing()
+    if why:
+        pytest.skip(why)
+    report = run_scale_test(ScaleTestConfig(files=FILES, events_per_file=EVENTS,
+                                            chunk_events=EVENTS, data_dir=dataset, workers=2,
+                                            xcache_shards=2))
+    assert report.files_processed == FILES and report.events == FILES * EVENTS
+    assert report.summary is not None
+    reads = report.summary["reads"]
+    assert reads["opens"] == FILES and set(reads["by_server"]) <= {"xcache-0", "xcache-1"}
+    assert reads["near_bytes"] + reads["far_bytes"] == report.bytes_read

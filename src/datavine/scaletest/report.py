@@ -4,7 +4,9 @@
 from the workers (:class:`~datavine.scaletest.tasks.ChunkRecord`) and the runtime's
 :class:`~datavine.summary.RunSummary` (when there is one) into a :class:`ScaleReport`:
 
-- ``gbps``: compressed bytes read x 8 / processing wall time / 1e9;
+- ``gbps``: compressed bytes read x 8 / processing wall time / 1e9 (every byte the chunks'
+  file handles requested, headers and metadata included; ``branch_bytes`` counts only the
+  baskets of the branches the analysis reads);
 - ``events_per_s``, ``khz`` and ``khz_per_core`` (per worker core connected);
 - ``files_processed`` (every chunk succeeded), ``files_failed`` and ``failed_files`` (names,
   stage, error);
@@ -58,6 +60,7 @@ class ScaleReport:
     events_expected: int
     events_selected: int
     bytes_read: int
+    branch_bytes: int
     wall_s: float
     gbps: float
     events_per_s: float
@@ -116,7 +119,7 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
     bad = {f["file"] for f in failed_files}
     n_chunks = len(records) if n_chunks is None else n_chunks
     events = tally.result.events
-    bytes_read = tally.result.bytes_read
+    bytes_read = sum(r.bytes_read for r in records if not r.error)
     rate = events / wall_s if wall_s > 0 else 0.0
     per_worker = _peak_per_worker(records, summary)
     return ScaleReport(
@@ -125,6 +128,7 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
         chunks_failed=sum(1 for r in records if r.error), events=events,
         events_expected=sum(i.entries for i in infos if i.error is None),
         events_selected=tally.result.events_selected, bytes_read=bytes_read,
+        branch_bytes=tally.result.bytes_read,
         wall_s=wall_s, gbps=bytes_read * 8 / wall_s / 1e9 if wall_s > 0 else 0.0,
         events_per_s=rate, khz=rate / 1e3, khz_per_core=rate / 1e3 / max(1, cores),
         workers=workers, cores=cores,

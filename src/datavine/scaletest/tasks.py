@@ -35,7 +35,11 @@ class FileInfo:
 
 @dataclass
 class ChunkRecord:
-    """One chunk as it ran: where, when, what it read, or why it failed."""
+    """One chunk as it ran: where, when, what it read, or why it failed.
+
+    ``bytes_read`` is every compressed byte the chunk's file handle requested (metadata
+    included), ``peak_mb`` the worker process's peak resident memory after the chunk.
+    """
 
     path: str
     entry_start: int
@@ -79,7 +83,7 @@ def run_chunk(path: str, entry_start: int, entry_stop: int, retries: int = 1) ->
     while True:
         attempts += 1
         try:
-            result = _process(path, entry_start, entry_stop)
+            result, nbytes = _process(path, entry_start, entry_stop)
         except Exception as exc:
             if isinstance(exc, OSError) and attempts <= retries:
                 time.sleep(0.2 * attempts)
@@ -89,7 +93,7 @@ def run_chunk(path: str, entry_start: int, entry_stop: int, retries: int = 1) ->
                                  error=_describe(exc))
             return Tally(records=[record])
         record = ChunkRecord(path, entry_start, entry_stop, worker_name(), started, time.time(),
-                             result.events, result.bytes_read, peak_rss_mb(), attempts)
+                             result.events, nbytes, peak_rss_mb(), attempts)
         return Tally(result, [record])
 
 
@@ -103,11 +107,16 @@ def merge_tallies(parts: Sequence[Tally]) -> Tally:
     return Tally(total, records)
 
 
-def _process(path: str, entry_start: int, entry_stop: int) -> ChunkResult:
+def _process(path: str, entry_start: int, entry_stop: int) -> tuple[ChunkResult, int]:
+    """The chunk's result and every byte its file handle was asked for (headers and
+    metadata included: what the storage served), not only the branches' baskets."""
     from datavine.reading import open_input
 
     with open_input(path) as directory:
-        return process_chunk(directory, entry_start, entry_stop)
+        result = process_chunk(directory, entry_start, entry_stop)
+        source = getattr(getattr(directory, "file", None), "source", None)
+        nbytes = int(getattr(source, "num_requested_bytes", 0) or 0)
+    return result, max(nbytes, result.bytes_read)
 
 
 def worker_name() -> str:
