@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.events < args.files or args.files < 1 or args.chunk_events < 1:
         parser.error("need --files >= 1, --events >= --files and --chunk-events >= 1")
-    common.quiet()
+    common.setup()
 
     kinds = ("zstd", "lzma") if args.compression == "both" else (args.compression,)
     outcome = {kind: run_compression(kind, args) for kind in kinds}

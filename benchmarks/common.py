@@ -19,6 +19,7 @@ import datetime
 import logging
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -127,10 +128,16 @@ def run_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=RUNS))
 
 
-def quiet() -> None:
-    """Silence the peers' chatty loggers (distributed's INFO lines)."""
+def setup() -> None:
+    """Silence the peers' chatty loggers (distributed's INFO lines), and turn SIGTERM (as
+    ``timeout`` sends) into an exit that runs the ``finally`` blocks stopping the workers."""
     for name in ("distributed", "bokeh", "tornado"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    signal.signal(signal.SIGTERM, _exit_on_term)
+
+
+def _exit_on_term(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 # --- peers -------------------------------------------------------------------------------
@@ -190,7 +197,6 @@ def distributed_client(workers: int, cores: int) -> Iterator[Any]:
     """A ``distributed.LocalCluster`` of ``workers`` processes x ``cores`` threads, connected."""
     from distributed import Client, LocalCluster
 
-    quiet()
     with LocalCluster(n_workers=workers, threads_per_worker=cores, processes=True,
                       dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:

@@ -2,7 +2,8 @@
 
 One source task fans out to ``tasks / 2`` leaves, which a binary tree of ``add`` tasks
 reduces to one value: ``tasks`` dask tasks in all, each doing microseconds of work, so the
-figure is the scheduler's own cost per task. The same graph runs through:
+figure is the scheduler's own cost per task (``--shape leaves``: no source task, the leaves
+are the graph's roots). The same graph runs through:
 
 - datavine: ``datavine.LocalCluster(workers, cores)``, workers connected before the clock;
 - DaskVine function-calls and DaskVine tasks (cctools' ``DaskVine.get`` on the dict graph,
@@ -12,11 +13,14 @@ figure is the scheduler's own cost per task. The same graph runs through:
   (``workers`` x ``cores`` threads);
 - a plain loop calling the same functions in one process (the floor of the work itself).
 
-Every peer's result is checked against the closed-form sum. The last line printed is
+Every peer's result is checked against the closed-form sum. Each peer runs ``--repeat``
+times (DaskVine ``--daskvine-repeat``) and its best run counts; datavine's first run
+includes its library's start, and is also reported alone. The last line printed is
 ``tasks_per_s=... ratio_vs_daskvine_fc=...`` plus ratios against the other peers.
 
     .venv/bin/python benchmarks/dispatch.py [--tasks 5000] [--workers 2 --cores 1]
-        [--repeat 2] [--peers datavine daskvine_fc ...] [--daskvine-tasks-size 100]
+        [--repeat 3] [--daskvine-repeat 1] [--daskvine-tasks-size 100]
+        [--shape fanout|leaves] [--peers datavine daskvine_fc ...]
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ NAMES = {"datavine": "datavine", "daskvine_fc": "DaskVine function-calls",
          "processes": "dask processes", "distributed": "distributed",
          "plain_loop": "plain loop"}
 SEED = 7
+SHAPES = ("fanout", "leaves")
 
 
 # The task functions live in this script (__main__), so every peer ships them by value.
@@ -59,17 +64,23 @@ def expected(tasks: int) -> int:
     return n * SEED + n * (n - 1) // 2
 
 
-def build_graph(tasks: int) -> Any:
-    """A Delayed of exactly ``tasks`` tasks: 1 source, ``tasks/2`` leaves, a binary tree."""
+def build_graph(tasks: int, shape: str = "fanout") -> Any:
+    """A Delayed of exactly ``tasks`` tasks: ``tasks/2`` leaves reduced by a binary tree.
+
+    ``fanout``: the leaves depend on one source task. ``leaves``: the leaves are roots of
+    the graph (the seed is a literal) and a last ``add(total, 0)`` keeps the task count.
+    """
     if tasks < 4 or tasks % 2:
         raise ValueError(f"--tasks must be an even number >= 4, not {tasks}")
-    root = dask.delayed(source, pure=False)()
+    if shape not in SHAPES:
+        raise ValueError(f"--shape must be one of {SHAPES}, not {shape!r}")
+    root: Any = dask.delayed(source, pure=False)() if shape == "fanout" else SEED
     level = [dask.delayed(leaf, pure=False)(root, i) for i in range(tasks // 2)]
     while len(level) > 1:
         pairs = [dask.delayed(add, pure=False)(a, b) for a, b in zip(level[::2], level[1::2],
                                                                       strict=False)]
         level = pairs + ([level[-1]] if len(level) % 2 else [])
-    total = level[0]
+    total = level[0] if shape == "fanout" else dask.delayed(add, pure=False)(level[0], 0)
     size = len(dict(total.__dask_graph__()))
     if size != tasks:
         raise AssertionError(f"built {size} tasks, wanted {tasks}")
@@ -77,7 +88,8 @@ def build_graph(tasks: int) -> Any:
 
 
 def plain_loop(tasks: int) -> int:
-    """The same calls, in order, in this process: no scheduler at all."""
+    """The same calls, in order, in this process: no scheduler at all (as many calls as
+    either shape has tasks)."""
     seed = source()
     level = [leaf(seed, i) for i in range(tasks // 2)]
     while len(level) > 1:
@@ -94,16 +106,20 @@ def scalar(value: Any) -> Any:
 
 
 def run_repeated(peer: str, tasks: int, repeat: int, compute: Callable[[Any], Any],
-                 note: str = "") -> common.PeerResult:
-    """``repeat`` timed runs, each of a fresh graph built before its clock starts; the best
-    run, with all times noted."""
+                 note: str, shape: str) -> list[common.PeerResult]:
+    """``repeat`` timed runs, each of a fresh graph built before its clock starts."""
     runs = []
     for _ in range(repeat):
-        graph = build_graph(tasks)
+        graph = build_graph(tasks, shape)
         runs.append(common.measure(NAMES[peer], tasks, lambda g=graph: compute(g),
                                    lambda v: scalar(v) == expected(tasks), note))
+    return runs
+
+
+def best_noted(runs: list[common.PeerResult]) -> common.PeerResult:
+    """The best run, with every run's time in its note."""
     best = common.best_of(runs)
-    if repeat > 1:
+    if len(runs) > 1:
         times = ", ".join(f"{r.seconds:.2f}" for r in runs if r.seconds is not None)
         best.note = f"{best.note + '; ' if best.note else ''}runs {times} s"
     return best
@@ -123,44 +139,50 @@ def with_dict_graph(get: Callable[..., Any]) -> Callable[[Any], Any]:
     return compute
 
 
-def run_peer(peer: str, args: argparse.Namespace) -> common.PeerResult:
-    slots = args.workers * args.cores
+def run_peer(peer: str, args: argparse.Namespace) -> list[common.PeerResult]:
+    """All timed runs of one peer, its workers started once before the first."""
+    slots, shape = args.workers * args.cores, f"{args.workers}x{args.cores}"
+
+    def repeated(compute: Callable[[Any], Any], note: str, tasks: int = args.tasks,
+                 repeat: int = args.repeat) -> list[common.PeerResult]:
+        return run_repeated(peer, tasks, repeat, compute, note, args.shape)
+
     if peer == "plain_loop":
-        return run_repeated(peer, args.tasks, args.repeat, lambda _: plain_loop(args.tasks),
-                            "one process, no scheduler")
+        return repeated(lambda _: plain_loop(args.tasks), "one process, no scheduler")
     if peer == "threads":
-        return run_repeated(peer, args.tasks, args.repeat, with_scheduler(
+        return repeated(with_scheduler(
             lambda d, k, **kw: dask.threaded.get(d, k, num_workers=slots, **kw)),
             f"{slots} threads")
     if peer == "processes":
-        return run_repeated(peer, args.tasks, args.repeat, with_scheduler(
+        return repeated(with_scheduler(
             lambda d, k, **kw: dask.multiprocessing.get(d, k, num_workers=slots, **kw)),
-            f"{slots} processes")
+            f"{slots} processes, a new pool per run")
     if peer == "distributed":
         with common.distributed_client(args.workers, args.cores) as client:
-            return run_repeated(peer, args.tasks, args.repeat, with_scheduler(client.get),
-                                f"{args.workers}x{args.cores}")
+            return repeated(with_scheduler(client.get), shape)
     if peer in ("daskvine_fc", "daskvine_tasks"):
-        mode = "function-calls" if peer == "daskvine_fc" else "tasks"
-        size = args.tasks if peer == "daskvine_fc" else args.daskvine_tasks_size
-        repeat = args.repeat if peer == "daskvine_fc" else 1
+        fc = peer == "daskvine_fc"
+        mode = "function-calls" if fc else "tasks"
         with common.daskvine(args.workers, args.cores) as manager:
-            return run_repeated(peer, size, repeat, with_dict_graph(
-                common.daskvine_get(manager, mode, args.cores)),
-                f"{args.workers}x{args.cores}, " + ("library, exec fork" if mode == "function-calls"
-                                                    else "a Python per task"))
+            return repeated(with_dict_graph(common.daskvine_get(manager, mode, args.cores)),
+                            f"{shape}, " + ("a library per run, exec fork" if fc
+                                            else "a Python per task"),
+                            tasks=args.tasks if fc else args.daskvine_tasks_size,
+                            repeat=args.daskvine_repeat if fc else 1)
     if peer == "datavine":
         import datavine
 
         manager = datavine.ManagerConfig(run_dir=common.run_dir("datavine"))
         with datavine.LocalCluster(workers=args.workers, cores=args.cores,
                                    manager=manager) as cluster:
-            result = run_repeated(peer, args.tasks, args.repeat, with_scheduler(cluster.get),
-                                  f"{args.workers}x{args.cores}")
-            summary = cluster.last_summary
-            if summary is not None:
-                result.note += f"; last run {summary.bundles} bundles"
-            return result
+            runs = []
+            for i in range(args.repeat):
+                note = shape + ("; library start included" if i == 0 else "")
+                (run,) = repeated(with_scheduler(cluster.get), note, repeat=1)
+                if cluster.last_summary is not None:
+                    run.note += f"; {cluster.last_summary.bundles} bundles"
+                runs.append(run)
+            return runs
     raise ValueError(f"unknown peer {peer!r}: choose from {', '.join(PEERS)}")
 
 
@@ -169,18 +191,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=5000, help="tasks in the graph (even)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, default=1, help="cores per worker")
-    parser.add_argument("--repeat", type=int, default=2,
-                        help="timed runs per peer (best kept; DaskVine tasks runs once)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="timed runs per peer, best kept (not DaskVine's)")
+    parser.add_argument("--daskvine-repeat", type=int, default=1,
+                        help="timed runs of DaskVine function-calls (~100 s each here)")
     parser.add_argument("--daskvine-tasks-size", type=int, default=100,
                         help="graph size for DaskVine's tasks mode (~5 tasks/s)")
+    parser.add_argument("--shape", choices=SHAPES, default="fanout",
+                        help="fanout: one source task feeds the leaves; leaves: no source")
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
     args = parser.parse_args(argv)
-    build_graph(args.tasks)  # bad sizes fail before any cluster starts
-    common.quiet()
+    build_graph(args.tasks, args.shape)  # bad sizes fail before any cluster starts
+    common.setup()
 
-    print(f"# dispatch: {args.tasks} tasks, {args.workers} workers x {args.cores} cores; "
-          f"{common.machine_info()}", flush=True)
-    results = {peer: run_peer(peer, args) for peer in args.peers}
+    print(f"# dispatch: {args.tasks} tasks ({args.shape}), {args.workers} workers x "
+          f"{args.cores} cores; {common.machine_info()}", flush=True)
+    all_runs = {peer: run_peer(peer, args) for peer in args.peers}
+    results = {peer: best_noted(runs) for peer, runs in all_runs.items()}
     print(common.table(list(results.values()), "tasks"), flush=True)
 
     mine = results["datavine"].rate if "datavine" in results else None
@@ -192,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
             pairs[f"ratio_vs_{peer}"] = common.ratio(mine, result.rate)
     for peer, result in results.items():
         pairs[f"{peer}_tasks_per_s"] = f"{result.rate:.0f}" if result.rate else "nan"
+    if "datavine" in all_runs:
+        first = all_runs["datavine"][0].rate
+        pairs["datavine_first_run_tasks_per_s"] = f"{first:.0f}" if first else "nan"
+    pairs["shape"] = args.shape
     print(common.kv_line(pairs), flush=True)
     return 0 if all(r.ok for r in results.values()) else 1
 
