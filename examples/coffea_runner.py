@@ -4,11 +4,11 @@
 
 Runs a small processor (MET histogram, muon counts) over coffea's real NanoAOD sample
 ``nano_dy.root`` (fetched from coffea's source distribution on first use) with
-``processor.Runner(executor=DatavineExecutor(...))``, which starts local workers for the run,
-then prints the histogram and what the executor did. The processor class lives in this
-script (``__main__``), so cloudpickle sends it to the workers by value; a processor in a
-module of your own must be importable on the workers, or registered with
-``cloudpickle.register_pickle_by_value(module)``.
+``processor.Runner(executor=DatavineExecutor(...))``, which starts local workers for the run
+(``with executor:`` keeps them for both of the Runner's steps), then prints the histogram
+and what the executor did. The processor class lives in this script (``__main__``), so
+cloudpickle sends it to the workers by value; for a processor in a module of your own that
+the workers cannot import, pass ``DatavineExecutor(pickle_by_value=("your_module",))``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def main() -> int:
     executor = DatavineExecutor(workers=args.workers, skipbadfiles=True)
     run = processor.Runner(executor=executor, schema=NanoAODSchema, chunksize=args.chunksize,
                            skipbadfiles=True)
-    out = run(fileset, treename="Events", processor_instance=MetAndMuons())
+    with executor:  # one set of local workers for preprocessing and processing
+        out = run(fileset, treename="Events", processor_instance=MetAndMuons())
 
     result = out["DYJets"]
     print(f"DYJets: {result['events']} events, {result['muons']} muons")

@@ -11,7 +11,8 @@ or ``FileMeta`` stays a direct argument, so datavine sees the file the task read
 place it near its data) and a tree of merge tasks, ``merge_fanin`` at a time, so that
 merging runs on the workers and only the final accumulator travels to the client. The graph
 runs on ``cluster`` (a started :class:`datavine.Cluster` or :class:`datavine.LocalCluster`)
-or, by default, on a :class:`datavine.LocalCluster` started for the call on this machine.
+or, by default, on a :class:`datavine.LocalCluster` started for the call on this machine
+(``with executor:`` starts it once for all calls made inside the block).
 
 Failures follow coffea's executor contract: ``(accumulator, 0)``, or the merge of the items
 that succeeded and the first exception, ``(partial, exception)``. Items never raise on the
@@ -115,7 +116,13 @@ class DatavineExecutor(ExecutorBase):
         skipbadfiles : ``None`` takes the ``Runner``'s setting; ``True``/``False``/a tuple
             of exception types overrides it for the items this executor runs.
         run_timeout_s : bound on one call on the embedded cluster (``RunConfig.timeout_s``).
+        pickle_by_value : modules (names) that the workers cannot import, such as the
+            module of your processor class: cloudpickle sends their classes and functions
+            by value (``Runner`` pickles the processor on the client). A processor defined
+            in ``__main__`` travels by value anyway.
         report : where calls are recorded; shared with copies (``Runner`` runs copies).
+        embedded : the cluster started by ``with executor:`` (set by ``__enter__``; copies
+            made inside the ``with`` use it, so preprocessing and processing share workers).
         status, unit, desc, compression, function_name : as for coffea's executors;
             ``status`` shows datavine's progress bar on the embedded cluster.
     """
@@ -129,7 +136,9 @@ class DatavineExecutor(ExecutorBase):
     retry_delay_s: float = 0.5
     skipbadfiles: bool | tuple[type[BaseException], ...] | None = None
     run_timeout_s: float | None = None
+    pickle_by_value: tuple[str, ...] = ()
     report: ExecutionReport | None = None
+    embedded: Any = None
 
     def __post_init__(self) -> None:
         if self.merge_fanin < 2:
@@ -143,6 +152,22 @@ class DatavineExecutor(ExecutorBase):
                             f"got {type(self.cluster).__name__}")
         if self.report is None:
             self.report = ExecutionReport()
+        self.pickle_by_value = tuple(self.pickle_by_value)
+        for name in self.pickle_by_value:
+            register_by_value(name)
+
+    def __enter__(self) -> DatavineExecutor:
+        """Start the embedded cluster once for several calls (``Runner`` makes two)."""
+        if self.cluster is None and self.embedded is None:
+            stack = contextlib.ExitStack()
+            self.embedded = (stack, stack.enter_context(self._local_cluster()))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.embedded is not None:
+            stack, _ = self.embedded
+            self.embedded = None
+            stack.close()
 
     def __call__(self, items: Iterable[Any], function: Callable[[Any], Any],
                  accumulator: Any) -> tuple[Any, Any]:
@@ -188,13 +213,21 @@ class DatavineExecutor(ExecutorBase):
     def _cluster(self) -> Iterator[Any]:
         if self.cluster is not None:
             yield self.cluster
-            return
+        elif self.embedded is not None:
+            yield self.embedded[1]
+        else:
+            with self._local_cluster() as cluster:
+                yield cluster
+
+    @contextlib.contextmanager
+    def _local_cluster(self) -> Iterator[Any]:
         from datavine.cluster import LocalCluster
         from datavine.config import ManagerConfig, RunConfig
 
         with tempfile.TemporaryDirectory(prefix="datavine-coffea-",
                                          ignore_cleanup_errors=True) as run_dir:
-            run = RunConfig(progress=self.status, timeout_s=self.run_timeout_s)
+            run = RunConfig(progress=self.status, timeout_s=self.run_timeout_s,
+                            pickle_by_value=self.pickle_by_value)
             cluster = LocalCluster(workers=self.workers or default_workers(), cores=self.cores,
                                    memory_mb=self.memory_mb,
                                    manager=ManagerConfig(run_dir=Path(run_dir)), run=run)
@@ -220,6 +253,20 @@ class DatavineExecutor(ExecutorBase):
             exc.add_note(f"datavine: {len(record.failed) - 1} more work item(s) failed: "
                          + "; ".join(f.error[:200] for f in record.failed[1:6]))
         return out, exc
+
+
+def register_by_value(module_name: str) -> None:
+    """Have cloudpickle send ``module_name``'s classes and functions by value."""
+    import importlib
+
+    import cloudpickle
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"DatavineExecutor.pickle_by_value: cannot import {module_name!r}: "
+                         f"{exc}") from exc
+    cloudpickle.register_pickle_by_value(module)
 
 
 def unwrap_automatic_retries(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any],
