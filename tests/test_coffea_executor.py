@@ -214,6 +214,22 @@ def test_executor_contract_direct(cluster: Any) -> None:
     assert executor(iter([]), square_or_fail, {"n": 0}) == ({"n": 0}, 0)
 
 
+def test_a_run_that_fails_as_a_whole_raises_its_error() -> None:
+    from datavine.errors import NoWorkersError
+
+    class NoWorkers:
+        last_summary = None
+
+        def get(self, graph: Any, keys: Any) -> Any:
+            raise NoWorkersError("3 bundles waiting and no worker connected")
+
+    executor = DatavineExecutor(cluster=NoWorkers(), status=False)
+    with pytest.raises(NoWorkersError, match="no worker connected") as info:
+        runner(executor)(fileset("nano_dy"), treename="Events", processor_instance=MetMuons())
+    assert any("failed as a whole" in note for note in info.value.__notes__)
+    assert executor.report.last.error.startswith("NoWorkersError")
+
+
 def square_or_fail(i: int) -> dict[str, int]:
     return {"sum": i * i, "n": 1}
 

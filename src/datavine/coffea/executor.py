@@ -15,7 +15,8 @@ or, by default, on a :class:`datavine.LocalCluster` started for the call on this
 (``with executor:`` starts it once for all calls made inside the block).
 
 Failures follow coffea's executor contract: ``(accumulator, 0)``, or the merge of the items
-that succeeded and the first exception, ``(partial, exception)``. Items never raise on the
+that succeeded and the first exception, ``(partial, exception)``; a run that fails as a whole
+(no workers, a timeout) raises its error, as there is no partial result. Items never raise on the
 workers (:mod:`datavine.coffea.tasks`); bad files are skipped under ``skipbadfiles`` with a
 wider net than coffea's own (:mod:`datavine.coffea.badfiles`: XRootD errors however wrapped,
 corrupt baskets), reported in a :class:`BadFilesSkippedWarning` and in :attr:`report`.
@@ -184,10 +185,15 @@ class DatavineExecutor(ExecutorBase):
             with self._cluster() as cluster:
                 partial: Partial = cluster.get(graph, [final])[0]
                 record.summary = getattr(cluster, "last_summary", None)
-        except Exception as exc:  # the run itself failed: no item's output came back
+        except Exception as exc:
+            # The run itself failed (no workers, timeout, a cluster that does not start):
+            # no item's output came back, so there is no partial result to return, and
+            # Runner would hide the cause behind "No chunks returned results".
             record.error = f"{type(exc).__name__}: {exc}"
             record.wall_s = time.monotonic() - started
-            return accumulator, exc
+            exc.add_note(f"datavine: the {self.desc.lower()} run of {len(items)} coffea work "
+                         "item(s) failed as a whole")
+            raise
         record.wall_s = time.monotonic() - started
         return self._finish(record, partial, accumulator)
 
