@@ -11,7 +11,10 @@ a tree of merges (fan-in 8). Peers, each with its workers started before its clo
 - dask threads / dask processes (a pre-started spawn pool) of ``workers * cores``;
 - distributed: ``LocalCluster(workers, cores threads)``;
 - DaskVine function-calls (and with ``--daskvine-tasks``, DaskVine tasks on a few chunks);
-- datavine: ``datavine.LocalCluster(workers, cores)``.
+- datavine: ``datavine.LocalCluster(workers, cores)``, as configured by default; and
+  "datavine, memory caps off" (``RunConfig(memory=None)``: bundles run in the library
+  process, not in a forked child per bundle), to show what the caps cost. Only the first
+  is the headline; neither counts as a peer.
 
 Every peer's merged histogram, event and selection counts must equal the plain loop's.
 Runs are repeated (``--repeat``) and the best kept; all times are in the table. The last
@@ -43,8 +46,10 @@ import dask.threaded
 from datavine.analysis import agc
 from datavine.datagen import generate_dataset
 
-PEERS = ("plain_loop", "threads", "processes", "distributed", "daskvine_fc", "datavine")
-NAMES = {"datavine": "datavine", "daskvine_fc": "DaskVine function-calls",
+PEERS = ("plain_loop", "threads", "processes", "distributed", "daskvine_fc", "datavine",
+         "datavine_nocap")
+NAMES = {"datavine": "datavine", "datavine_nocap": "datavine, memory caps off",
+         "daskvine_fc": "DaskVine function-calls",
          "daskvine_tasks": "DaskVine tasks", "threads": "dask threads",
          "processes": "dask processes", "distributed": "distributed",
          "plain_loop": "plain loop"}
@@ -171,13 +176,15 @@ def run_peer(peer: str, chunks: list[agc.Chunk], events: int, args: argparse.Nam
             return repeated(compute, f"{shape}, " + ("library, exec fork" if mode ==
                                                      "function-calls" else "a Python per task"),
                             repeat=1 if mode == "tasks" else args.repeat)
-    if peer == "datavine":
+    if peer in ("datavine", "datavine_nocap"):
         import datavine
 
         manager = datavine.ManagerConfig(run_dir=common.run_dir("datavine"))
-        with datavine.LocalCluster(workers=args.workers, cores=args.cores,
-                                   manager=manager) as cluster:
-            result = repeated(via(cluster.get), f"{shape}; run 1 includes the library start")
+        options = {"memory": None} if peer == "datavine_nocap" else {}
+        with datavine.LocalCluster(workers=args.workers, cores=args.cores, manager=manager,
+                                   **options) as cluster:
+            result = repeated(via(cluster.get), f"{shape}; run 1 includes the library start"
+                              + ("; RunConfig(memory=None)" if options else ""))
             summary = cluster.last_summary
             if summary is not None:
                 result[0].note += f"; last run {summary.bundles} bundles"
@@ -221,7 +228,7 @@ def summarise(compression: str, results: dict[str, common.PeerResult],
     mine = results["datavine"].rate if "datavine" in results else None
     plain = results["plain_loop"].rate if "plain_loop" in results else None
     limit = plain * slots if plain else None
-    others = [r for p, r in results.items() if p not in ("datavine", "plain_loop")]
+    others = [r for p, r in results.items() if not p.startswith(("datavine", "plain_loop"))]
     best_peer = common.best_of(others) if others else None
     out: dict[str, Any] = {
         "events_per_s": f"{mine:.0f}" if mine else "nan",
@@ -230,6 +237,11 @@ def summarise(compression: str, results: dict[str, common.PeerResult],
         "best_peer": common.slug(best_peer.name) if best_peer else "none",
         "limit_events_per_s": f"{limit:.0f}" if limit else "nan",
     }
+    if "datavine_nocap" in results:
+        nocap = results["datavine_nocap"].rate
+        out["nocap_ratio_vs_limit"] = common.ratio(nocap, limit)
+        out["nocap_ratio_vs_best_peer"] = common.ratio(nocap,
+                                                       best_peer.rate if best_peer else None)
     for peer, result in results.items():
         out[f"{peer}_events_per_s"] = f"{result.rate:.0f}" if result.rate else "nan"
     out["all_correct"] = int(all(r.ok for r in results.values()))
