@@ -8,6 +8,9 @@ a tree of merges (fan-in 8). Peers, each with its workers started before its clo
 
 - plain loop: :func:`~datavine.analysis.agc.run_plain_loop` in this process (one core);
   it is the reference result and the single-core rate;
+- plain loops, static split: ``workers * cores`` pre-started processes each run the plain
+  loop over an equal share of the chunks: what the machine's cores really give together
+  (the parallel ceiling), a reference and not a peer;
 - dask threads / dask processes (a pre-started spawn pool) of ``workers * cores``;
 - distributed: ``LocalCluster(workers, cores threads)``;
 - DaskVine function-calls (and with ``--daskvine-tasks``, DaskVine tasks on a few chunks);
@@ -23,7 +26,7 @@ line is ``events_per_s=... ratio_vs_limit=... ratio_vs_best_peer=...``, where th
 
     .venv/bin/python benchmarks/analysis.py [--compression both|zstd|lzma]
         [--workers 2 --cores 1] [--events 4000000 --files 8 --chunk-events 100000]
-        [--repeat 2] [--peers datavine plain_loop ...] [--daskvine-tasks]
+        [--repeat 3] [--peers datavine plain_loop ...] [--daskvine-tasks]
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ import dask.threaded
 from datavine.analysis import agc
 from datavine.datagen import generate_dataset
 
-PEERS = ("plain_loop", "threads", "processes", "distributed", "daskvine_fc", "datavine",
-         "datavine_nocap")
-NAMES = {"datavine": "datavine", "datavine_nocap": "datavine, memory caps off",
+PEERS = ("plain_loop", "split_loops", "threads", "processes", "distributed", "daskvine_fc",
+         "datavine", "datavine_nocap")
+REFERENCES = ("plain_loop", "split_loops", "datavine", "datavine_nocap")  # not peers
+NAMES = {"split_loops": "plain loops, static split", "datavine": "datavine",
+         "datavine_nocap": "datavine, memory caps off",
          "daskvine_fc": "DaskVine function-calls",
          "daskvine_tasks": "DaskVine tasks", "threads": "dask threads",
          "processes": "dask processes", "distributed": "distributed",
@@ -152,6 +157,15 @@ def run_peer(peer: str, chunks: list[agc.Chunk], events: int, args: argparse.Nam
 
     if peer == "plain_loop":
         return repeated(lambda: agc.run_plain_loop(chunks), "one process, one core")
+    if peer == "split_loops":
+        with concurrent.futures.ProcessPoolExecutor(
+                slots, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_hold, range(slots)))
+            shares = [chunks[i::slots] for i in range(slots)]
+            return repeated(lambda: sum(pool.map(agc.run_plain_loop, shares),
+                                        agc.ChunkResult.empty()),
+                            f"{slots} processes, {len(chunks) // slots}+ chunks each: "
+                            "the machine's parallel ceiling")
     if peer == "threads":
         return repeated(via(lambda d, k, **kw: dask.threaded.get(d, k, num_workers=slots, **kw)),
                         f"{slots} threads")
@@ -228,7 +242,7 @@ def summarise(compression: str, results: dict[str, common.PeerResult],
     mine = results["datavine"].rate if "datavine" in results else None
     plain = results["plain_loop"].rate if "plain_loop" in results else None
     limit = plain * slots if plain else None
-    others = [r for p, r in results.items() if not p.startswith(("datavine", "plain_loop"))]
+    others = [r for p, r in results.items() if p not in REFERENCES]
     best_peer = common.best_of(others) if others else None
     out: dict[str, Any] = {
         "events_per_s": f"{mine:.0f}" if mine else "nan",
@@ -237,6 +251,10 @@ def summarise(compression: str, results: dict[str, common.PeerResult],
         "best_peer": common.slug(best_peer.name) if best_peer else "none",
         "limit_events_per_s": f"{limit:.0f}" if limit else "nan",
     }
+    if "split_loops" in results:
+        ceiling = results["split_loops"].rate
+        out["ceiling_vs_limit"] = common.ratio(ceiling, limit)
+        out["ratio_vs_ceiling"] = common.ratio(mine, ceiling)
     if "datavine_nocap" in results:
         nocap = results["datavine_nocap"].rate
         out["nocap_ratio_vs_limit"] = common.ratio(nocap, limit)
@@ -257,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=4_000_000, help="events per compression")
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--chunk-events", type=int, default=100_000)
-    parser.add_argument("--repeat", type=int, default=2, help="timed runs per peer, best kept")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per peer, best kept")
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
     parser.add_argument("--daskvine-tasks", action="store_true",
                         help="also run DaskVine's tasks mode (a Python per task) on a few chunks")
