@@ -20,7 +20,8 @@ a tree of merges (fan-in 8). Peers, each with its workers started before its clo
   is the headline; neither counts as a peer.
 
 Every peer's merged histogram, event and selection counts must equal the plain loop's.
-Runs are repeated (``--repeat``) and the best kept; all times are in the table. The last
+All peers are started first; then ``--repeat`` rounds run each peer once in turn (load from
+elsewhere falls on all alike) and each peer's best run counts; all times are in the table. The last
 line is ``events_per_s=... ratio_vs_limit=... ratio_vs_best_peer=...``, where the limit is
 ``workers * cores`` times the plain loop's events/s.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -122,93 +124,127 @@ def same_result(a: Any, b: agc.ChunkResult) -> bool:
 
 
 # --- peers -------------------------------------------------------------------------------
-def run_repeated(peer: str, events: int, repeat: int, compute: Callable[[], Any],
-                 reference: agc.ChunkResult | None, note: str) -> tuple[common.PeerResult, Any]:
-    """``repeat`` timed runs; the best one (all times noted) and the last value."""
-    runs, value = [], None
-
-    def run() -> Any:
-        nonlocal value
-        value = compute()
-        return value
-
-    for _ in range(repeat):
-        check = (lambda v: same_result(v, reference)) if reference is not None else (
-            lambda v: isinstance(v, agc.ChunkResult) and v.events == events)
-        runs.append(common.measure(NAMES[peer], events, run, check, note))
-    best = common.best_of(runs)
-    if repeat > 1:
-        times = ", ".join(f"{r.seconds:.2f}" for r in runs if r.seconds is not None)
-        best.note = f"{best.note + '; ' if best.note else ''}runs {times} s"
-    return best, value
+Compute = Callable[[list[agc.Chunk]], Any]
 
 
-def run_peer(peer: str, chunks: list[agc.Chunk], events: int, args: argparse.Namespace,
-             reference: agc.ChunkResult | None) -> tuple[common.PeerResult, Any]:
-    slots = args.workers * args.cores
-    shape = f"{args.workers}x{args.cores}"
+def open_peer(peer: str, args: argparse.Namespace, stack: contextlib.ExitStack
+              ) -> tuple[Compute, str]:
+    """Start ``peer``'s workers (closed with ``stack``); its compute function and a note."""
+    slots, shape = args.workers * args.cores, f"{args.workers}x{args.cores}"
 
-    def repeated(compute: Callable[[], Any], note: str, repeat: int = args.repeat
-                 ) -> tuple[common.PeerResult, Any]:
-        return run_repeated(peer, events, repeat, compute, reference, note)
+    def via(get: Callable[..., Any]) -> Compute:
+        return lambda chunks: dask.compute(build_graph(chunks), scheduler=get)[0]
 
-    def via(get: Callable[..., Any]) -> Callable[[], Any]:
-        return lambda: dask.compute(build_graph(chunks), scheduler=get)[0]
+    def pool() -> concurrent.futures.ProcessPoolExecutor:
+        started = stack.enter_context(concurrent.futures.ProcessPoolExecutor(
+            slots, mp_context=multiprocessing.get_context("spawn")))
+        list(started.map(_hold, range(slots)))  # every process up, its imports done
+        return started
 
     if peer == "plain_loop":
-        return repeated(lambda: agc.run_plain_loop(chunks), "one process, one core")
+        return agc.run_plain_loop, "one process, one core"
     if peer == "split_loops":
-        with concurrent.futures.ProcessPoolExecutor(
-                slots, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(_hold, range(slots)))
-            shares = [chunks[i::slots] for i in range(slots)]
-            return repeated(lambda: sum(pool.map(agc.run_plain_loop, shares),
-                                        agc.ChunkResult.empty()),
-                            f"{slots} processes, {len(chunks) // slots}+ chunks each: "
-                            "the machine's parallel ceiling")
+        split = pool()
+        return (lambda chunks: sum(split.map(agc.run_plain_loop,
+                                             [chunks[i::slots] for i in range(slots)]),
+                                   agc.ChunkResult.empty()),
+                f"{slots} processes, an equal share of the chunks each: the parallel ceiling")
     if peer == "threads":
-        return repeated(via(lambda d, k, **kw: dask.threaded.get(d, k, num_workers=slots, **kw)),
-                        f"{slots} threads")
+        return via(lambda d, k, **kw: dask.threaded.get(d, k, num_workers=slots, **kw)), \
+            f"{slots} threads"
     if peer == "processes":
-        with concurrent.futures.ProcessPoolExecutor(
-                slots, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(_hold, range(slots)))  # every process started (imports done)
-            return repeated(via(lambda d, k, **kw: dask.multiprocessing.get(
-                d, k, pool=pool, num_workers=slots, **kw)), f"{slots} processes (spawn)")
+        procs = pool()
+        return via(lambda d, k, **kw: dask.multiprocessing.get(
+            d, k, pool=procs, num_workers=slots, **kw)), f"{slots} processes (spawn)"
     if peer == "distributed":
-        with common.distributed_client(args.workers, args.cores) as client:
-            return repeated(via(client.get), shape)
+        return via(stack.enter_context(common.distributed_client(args.workers, args.cores)).get
+                   ), shape
     if peer in ("daskvine_fc", "daskvine_tasks"):
         mode = "function-calls" if peer == "daskvine_fc" else "tasks"
-        with common.daskvine(args.workers, args.cores) as manager:
-            get = common.daskvine_get(manager, mode, args.cores)
+        get = common.daskvine_get(stack.enter_context(common.daskvine(args.workers,
+                                                                      args.cores)),
+                                  mode, args.cores)
 
-            def compute() -> Any:
-                total = build_graph(chunks)
-                return get(dict(total.__dask_graph__()), total.__dask_keys__())
+        def compute(chunks: list[agc.Chunk]) -> Any:
+            total = build_graph(chunks)
+            return get(dict(total.__dask_graph__()), total.__dask_keys__())
 
-            return repeated(compute, f"{shape}, " + ("library, exec fork" if mode ==
-                                                     "function-calls" else "a Python per task"),
-                            repeat=1 if mode == "tasks" else args.repeat)
+        return compute, f"{shape}, " + ("a library per run, exec fork"
+                                        if mode == "function-calls" else "a Python per task")
     if peer in ("datavine", "datavine_nocap"):
         import datavine
 
-        manager = datavine.ManagerConfig(run_dir=common.run_dir("datavine"))
         options = {"memory": None} if peer == "datavine_nocap" else {}
-        with datavine.LocalCluster(workers=args.workers, cores=args.cores, manager=manager,
-                                   **options) as cluster:
-            result = repeated(via(cluster.get), f"{shape}; run 1 includes the library start"
-                              + ("; RunConfig(memory=None)" if options else ""))
-            summary = cluster.last_summary
-            if summary is not None:
-                result[0].note += f"; last run {summary.bundles} bundles"
-            return result
+        cluster = stack.enter_context(datavine.LocalCluster(
+            workers=args.workers, cores=args.cores,
+            manager=datavine.ManagerConfig(run_dir=common.run_dir("datavine")), **options))
+        return via(cluster.get), shape + ("; RunConfig(memory=None)" if options else "")
     raise ValueError(f"unknown peer {peer!r}: choose from {', '.join(PEERS)}")
 
 
 def _hold(_: int) -> int:
     time.sleep(0.2)  # busy long enough that each of the pool's processes gets one call
     return os.getpid()
+
+
+def run_rounds(chunks: list[agc.Chunk], args: argparse.Namespace
+               ) -> dict[str, list[common.PeerResult]]:
+    """All peers up at once, then ``--repeat`` rounds of one run per peer in turn, so that
+    load from elsewhere on the machine falls on every peer alike. The plain loop runs
+    first: its result is the reference the others must equal."""
+    events = sum(c.entry_stop - c.entry_start for c in chunks)
+    runs: dict[str, list[common.PeerResult]] = {p: [] for p in args.peers}
+    reference: agc.ChunkResult | None = None
+    with contextlib.ExitStack() as stack:
+        peers = {p: open_peer(p, args, stack) for p in args.peers}
+        order = sorted(peers, key=lambda p: p != "plain_loop")
+        for _ in range(args.repeat):
+            for peer in order:
+                compute, note = peers[peer]
+                result, value = timed_run(peer, lambda c=compute: c(chunks), events,
+                                          reference, note)
+                runs[peer].append(result)
+                if peer == "plain_loop" and reference is None and result.ok:
+                    reference = value
+    return runs
+
+
+def timed_run(peer: str, compute: Callable[[], Any], events: int,
+              reference: agc.ChunkResult | None, note: str) -> tuple[common.PeerResult, Any]:
+    """One timed run, checked against ``reference`` (or for its event count without one)."""
+    value: list[Any] = []
+
+    def run() -> Any:
+        value.append(compute())
+        return value[0]
+
+    def check(result: Any) -> bool:
+        if reference is None:
+            return isinstance(result, agc.ChunkResult) and result.events == events
+        return same_result(result, reference)
+
+    return common.measure(NAMES[peer], events, run, check, note), (value or [None])[0]
+
+
+def run_daskvine_tasks(chunks: list[agc.Chunk], args: argparse.Namespace
+                       ) -> common.PeerResult:
+    """DaskVine's tasks mode (a new Python per task), once, on the first few chunks."""
+    subset = chunks[:args.daskvine_tasks_chunks]
+    reference = agc.run_plain_loop(subset)
+    with contextlib.ExitStack() as stack:
+        compute, note = open_peer("daskvine_tasks", args, stack)
+        return common.measure(NAMES["daskvine_tasks"], reference.events,
+                              lambda: compute(subset), lambda v: same_result(v, reference),
+                              f"{note}; first {len(subset)} chunks")
+
+
+def best_noted(peer: str, runs: list[common.PeerResult]) -> common.PeerResult:
+    """The best run, with every run's time in its note."""
+    best = common.best_of(runs)
+    times = ", ".join(f"{r.seconds:.2f}" for r in runs if r.seconds is not None)
+    first = "; run 1 includes the library start" if peer.startswith("datavine") else ""
+    best.note = f"{best.note}{first}; runs {times} s"
+    return best
 
 
 # --- one compression ---------------------------------------------------------------------
@@ -220,21 +256,18 @@ def run_compression(compression: str, args: argparse.Namespace) -> dict[str, Any
     events = sum(c.entry_stop - c.entry_start for c in chunks)
     print(f"## {compression}: {len(files)} files, {size / 1e6:.0f} MB, {events:,} events, "
           f"{len(chunks)} chunks; {common.machine_info()}", flush=True)
-
-    peers = [p for p in args.peers if p != "plain_loop"]
-    results: dict[str, common.PeerResult] = {}
-    reference = None
-    if "plain_loop" in args.peers:
-        results["plain_loop"], reference = run_peer("plain_loop", chunks, events, args, None)
-    for peer in peers:
-        results[peer], _ = run_peer(peer, chunks, events, args, reference)
+    all_runs = run_rounds(chunks, args)
+    results = {peer: best_noted(peer, runs) for peer, runs in all_runs.items()}
     if args.daskvine_tasks:
-        subset = chunks[:args.daskvine_tasks_chunks]
-        sub_events = sum(c.entry_stop - c.entry_start for c in subset)
-        results["daskvine_tasks"], _ = run_peer("daskvine_tasks", subset, sub_events, args,
-                                                agc.run_plain_loop(subset))
+        results["daskvine_tasks"] = run_daskvine_tasks(chunks, args)
+    print(f"# after the runs: {common.machine_info()}", flush=True)
     print(common.table(list(results.values()), "events"), flush=True)
-    return summarise(compression, results, args.workers * args.cores)
+    out = summarise(compression, results, args.workers * args.cores)
+    if "datavine" in all_runs:
+        first = all_runs["datavine"][0].rate
+        out["datavine_first_run_events_per_s"] = f"{first:.0f}" if first else "nan"
+    print(f"# {compression}: " + common.kv_line(out), flush=True)
+    return out
 
 
 def summarise(compression: str, results: dict[str, common.PeerResult],
@@ -263,7 +296,6 @@ def summarise(compression: str, results: dict[str, common.PeerResult],
     for peer, result in results.items():
         out[f"{peer}_events_per_s"] = f"{result.rate:.0f}" if result.rate else "nan"
     out["all_correct"] = int(all(r.ok for r in results.values()))
-    print(f"# {compression}: " + common.kv_line(out), flush=True)
     return out
 
 
