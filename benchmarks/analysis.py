@@ -20,8 +20,9 @@ a tree of merges (fan-in 8). Peers, each with its workers started before its clo
   is the headline; neither counts as a peer.
 
 Every peer's merged histogram, event and selection counts must equal the plain loop's.
-All peers are started first; then ``--repeat`` rounds run each peer once in turn (load from
-elsewhere falls on all alike) and each peer's best run counts; all times are in the table. The last
+Peers are started first; then ``--repeat`` rounds run each peer once in turn (load from
+elsewhere falls on all alike; distributed runs alone, see :func:`run_rounds`) and each
+peer's best run counts; all times are in the table. The last
 line is ``events_per_s=... ratio_vs_limit=... ratio_vs_best_peer=...``, where the limit is
 ``workers * cores`` times the plain loop's events/s.
 
@@ -53,6 +54,7 @@ from datavine.datagen import generate_dataset
 
 PEERS = ("plain_loop", "split_loops", "threads", "processes", "distributed", "daskvine_fc",
          "datavine", "datavine_nocap")
+ISOLATED = ("distributed",)  # run alone: a thread in this process (see run_rounds)
 REFERENCES = ("plain_loop", "split_loops", "datavine", "datavine_nocap")  # not peers
 NAMES = {"split_loops": "plain loops, static split", "datavine": "datavine",
          "datavine_nocap": "datavine, memory caps off",
@@ -189,23 +191,33 @@ def _hold(_: int) -> int:
 
 def run_rounds(chunks: list[agc.Chunk], args: argparse.Namespace
                ) -> dict[str, list[common.PeerResult]]:
-    """All peers up at once, then ``--repeat`` rounds of one run per peer in turn, so that
-    load from elsewhere on the machine falls on every peer alike. The plain loop runs
-    first: its result is the reference the others must equal."""
+    """Each peer's ``--repeat`` runs, checked against the plain loop's result.
+
+    The plain loop runs first (its result is the reference). distributed runs alone: its
+    scheduler's event loop is a thread of this process, and an idle one slowed datavine
+    here by ~25% (GIL hand-offs in the manager loop). All other peers are started at once,
+    then run in rounds of one run each, so that load from elsewhere on the machine falls
+    on every peer alike.
+    """
     events = sum(c.entry_stop - c.entry_start for c in chunks)
     runs: dict[str, list[common.PeerResult]] = {p: [] for p in args.peers}
     reference: agc.ChunkResult | None = None
-    with contextlib.ExitStack() as stack:
-        peers = {p: open_peer(p, args, stack) for p in args.peers}
-        order = sorted(peers, key=lambda p: p != "plain_loop")
+    if "plain_loop" in args.peers:
+        compute, note = open_peer("plain_loop", args, contextlib.ExitStack())
         for _ in range(args.repeat):
-            for peer in order:
-                compute, note = peers[peer]
-                result, value = timed_run(peer, lambda c=compute: c(chunks), events,
+            result, value = timed_run("plain_loop", lambda: compute(chunks), events, None, note)
+            runs["plain_loop"].append(result)
+            reference = reference or (value if result.ok else None)
+    alone = [p for p in args.peers if p in ISOLATED]
+    together = [p for p in args.peers if p not in ISOLATED and p != "plain_loop"]
+    for group in [[p] for p in alone] + [together]:
+        with contextlib.ExitStack() as stack:
+            peers = {p: open_peer(p, args, stack) for p in group}
+            for _ in range(args.repeat):
+                for peer, (compute, note) in peers.items():
+                    result, _ = timed_run(peer, lambda c=compute: c(chunks), events,
                                           reference, note)
-                runs[peer].append(result)
-                if peer == "plain_loop" and reference is None and result.ok:
-                    reference = value
+                    runs[peer].append(result)
     return runs
 
 
