@@ -12,6 +12,9 @@
 # 3. pytest in .venv-legacy: the tests that matter for classic dict graphs
 #    (test_runtime, test_graph, test_dask_awkward, test_auth).
 # Both runs always happen; the exit code is non-zero if either failed.
+# Each pytest run is bounded (a hung test must not hold CI for hours): after
+# DATAVINE_TEST_TIMEOUT seconds (default 1200 for .venv, 600 for .venv-legacy) it gets
+# SIGINT, so pytest prints where it was and tears its fixtures down; SIGKILL 60 s later.
 # DATAVINE_TEST_SETUP=0 skips step 1 (an environment set up already).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,18 +41,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
-run_pytest() {  # run_pytest VENV ARGS...
-  local venv=$1; shift
+run_pytest() {  # run_pytest VENV LIMIT_S ARGS...
+  local venv=$1 limit=$2; shift 2
   local started=$SECONDS
-  log "pytest in $venv: $*"
-  "$venv/bin/python" -m pytest "$@"
+  log "pytest in $venv (at most $limit s): $*"
+  timeout --signal=INT --kill-after=60 "$limit" "$venv/bin/python" -m pytest "$@"
   local rc=$?
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    log "pytest in $venv did not finish within $limit s: interrupted (see the traceback above)"
+  fi
   log "pytest in $venv: exit $rc after $(( SECONDS - started )) s"
   return $rc
 }
 
-run_pytest .venv "$@"; rc_main=$?
-run_pytest .venv-legacy "${LEGACY_TESTS[@]}" "$@"; rc_legacy=$?
+run_pytest .venv "${DATAVINE_TEST_TIMEOUT:-1200}" "$@"; rc_main=$?
+run_pytest .venv-legacy "${DATAVINE_TEST_TIMEOUT:-600}" "${LEGACY_TESTS[@]}" "$@"
+rc_legacy=$?
 
 log "done in $(( $(date +%s) - t0 )) s: .venv exit $rc_main, .venv-legacy exit $rc_legacy"
 [ "$rc_main" = 0 ] && [ "$rc_legacy" = 0 ]
