@@ -207,6 +207,12 @@ def test_run_through_xcache(data_dir: Path, reference: ChunkResult, tmp_path: Pa
     assert names == {"xcache-0", "xcache-1"}
     assert set(data["servers"]) <= names, "every chunk is read through a shard, not the origin"
     assert data["failovers"] == 0
+    # local workers sit in the shards' racks; the runtime accounts every read
+    assert data["cluster"]["racks"] == ["A", "B"]
+    reads = data["summary"]["reads"]
+    assert reads["opens"] == data["chunks"] and reads["failovers"] == 0
+    # the runtime counts the whole open (headers too), the analysis only its branches
+    assert reads["near_bytes"] + reads["far_bytes"] >= data["bytes_read"] > 0
 
 
 @pytest.mark.taskvine
@@ -234,12 +240,14 @@ def test_run_on_a_pool_started_by_datavine_pool(data_dir: Path, reference: Chunk
     try:
         code, data, out = run_cli([*small_run(data_dir, local_workers=False), "--no-xcache",
                                    "--port", str(port), "--password", str(password),
-                                   "--pool-workers", "2"], tmp_path, capsys)
+                                   "--pool-workers", "2", "--no-memory-caps"], tmp_path,
+                                  capsys)
     finally:
         assert cli.main(["pool", "stop", *pools]) == 0
     assert code == 0, out
     check_record(data, reference)
     assert data["cluster"]["kind"] == "2 pool worker(s)" and data["cluster"]["port"] == port
+    assert data["cluster"]["memory_caps"] is False
 
 
 def test_pool_workers_and_local_workers_exclude_each_other(

@@ -43,6 +43,24 @@ def test_example_loads_into_configuration_objects() -> None:
     assert f.memory.per_category == {"agc-chunk": 1536.0} and f.memory.ceiling_mb == 8192
     assert f.placement.max_wait_s == 5.0 and f.placement.cache_wait_s == 1.0
     assert f.local_workers is None
+    # the run settings carry the policies and the shards to the runtime
+    assert f.run.memory == f.memory and f.run.placement == f.placement
+    assert f.run.shardmap is f.shards
+
+
+def test_policies_can_be_switched_off_and_racks_given(tmp_path: Path) -> None:
+    f = load_facility(write(tmp_path, """
+[memory]
+enabled = false
+[placement]
+enabled = false
+[local_workers]
+workers = 4
+racks = ["A", "B"]
+"""))
+    assert f.memory is None and f.run.memory is None
+    assert f.placement is None and f.run.placement is None
+    assert f.local_workers is not None and f.local_workers.racks == ("A", "B")
 
 
 def test_example_names_missing_files_when_checked() -> None:
@@ -89,6 +107,8 @@ BAD = [
     ("[memory]\nfloor_mb = 4096\nceiling_mb = 1024\n", "memory", "floor_mb"),
     ('[memory.per_category]\nx = "big"\n', "memory.per_category.x", "number"),
     ("[placement]\nmax_wait_s = -1\n", "placement", "waits"),
+    ('[memory]\nenabled = "no"\n', "memory.enabled", "true or false"),
+    ("[run]\nmax_library_failures = 0\n", "run", "max_library_failures"),
     ('[xcache]\norigin = "root://o:1"\n', "xcache.shards", "at least one"),
     ('[[xcache.shards]]\nrack = "A"\n', "xcache.shards[0].url", "missing"),
     ('[[xcache.shards]]\nurl = "ftp://s"\n', "xcache.shards[0].url", "root://"),

@@ -38,6 +38,7 @@ from datavine.errors import DatavineError
 if TYPE_CHECKING:
     from datavine.cluster import Cluster
     from datavine.facility import Facility
+    from datavine.shards import ShardMap
     from datavine.summary import RunSummary
 
 EXIT_ERROR = 2
@@ -108,6 +109,8 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
                        help="the manager's password file (default: a new one for this run)")
     where.add_argument("--facility", type=Path, metavar="FILE",
                        help="manager, run settings, shards and pools from a facility file")
+    where.add_argument("--no-memory-caps", action="store_true",
+                       help="run bundles in the library process, uncapped (no fork per bundle)")
     where.add_argument("--timeout", type=_seconds, default=None, metavar="S",
                        help="fail when the analysis takes longer than S seconds")
     out = run.add_argument_group("output")
@@ -251,7 +254,8 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         source, chunks = open_inputs(stack, args, files, facility, record)
         record["setup_s"]["inputs"] = round(time.monotonic() - t0, 3)
         t0 = time.monotonic()
-        cluster = start_cluster(stack, args, facility, record)
+        shardmap = getattr(source, "shardmap", None)
+        cluster = start_cluster(stack, args, facility, shardmap, record)
         record["setup_s"]["cluster"] = round(time.monotonic() - t0, 3)
         result, wall_s = run_analysis(cluster, source, chunks)
         summary = cluster.last_summary
@@ -335,15 +339,22 @@ def facility_chunks(facility: Facility, files: list[Path], args: argparse.Namesp
 
 
 def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
-                  facility: Facility | None, record: dict[str, Any]) -> Cluster:
-    """A started cluster: local workers, or the facility's pools; closed by ``stack``."""
+                  facility: Facility | None, shardmap: ShardMap | None,
+                  record: dict[str, Any]) -> Cluster:
+    """A started cluster: local workers, or the facility's pools; closed by ``stack``.
+
+    ``shardmap`` (the shards the data is read through) lets the runtime place chunk tasks
+    near their shard; local workers are then split over the shards' racks."""
     from datavine.cluster import Cluster, LocalCluster
     from datavine.config import ManagerConfig, RunConfig
     from datavine.facility import FacilityCluster
 
     run = facility.run if facility is not None else RunConfig()
     run = run.replace(progress=not args.no_progress,
-                      timeout_s=args.timeout if args.timeout is not None else run.timeout_s)
+                      timeout_s=args.timeout if args.timeout is not None else run.timeout_s,
+                      shardmap=shardmap)
+    if args.no_memory_caps:
+        run = run.replace(memory=None)
     if facility is not None:
         if args.port or args.password is not None:
             raise RunError(f"--port and --password do not go with --facility: set them in "
@@ -372,18 +383,30 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
     else:
         local = facility.local_workers if facility is not None else None
         workers = args.workers or (local.workers if local else default_workers())
+        racks = local.racks if local and local.racks else shard_racks(shardmap)
         cluster = LocalCluster(workers=workers, cores=local.cores if local else 1,
                                memory_mb=local.memory_mb if local else None,
-                               features=local.features if local else (), manager=manager,
-                               run=run)
+                               features=local.features if local else (), racks=racks,
+                               manager=manager, run=run)
         kind = f"{workers} local worker(s)"
     stack.callback(cluster.close)  # also when start() fails half-way
     cluster.start()
     assert cluster.runtime is not None
     workers = cluster.runtime.connected_workers()
-    print(f"cluster: {kind}, {workers} connected to the manager on port {cluster.port}")
-    record["cluster"] = {"kind": kind, "workers": workers, "port": cluster.port}
+    racks = getattr(getattr(cluster, "workers_config", None), "racks", ())
+    where = f" in racks {', '.join(racks)}" if racks else ""
+    print(f"cluster: {kind}{where}, {workers} connected to the manager on port {cluster.port}"
+          f"; memory caps {'on' if run.memory is not None else 'off'}")
+    record["cluster"] = {"kind": kind, "workers": workers, "port": cluster.port,
+                         "racks": list(racks), "memory_caps": run.memory is not None}
     return cluster
+
+
+def shard_racks(shardmap: ShardMap | None) -> tuple[str, ...]:
+    """The racks of ``shardmap``'s shards, in order, each once."""
+    if shardmap is None:
+        return ()
+    return tuple(dict.fromkeys(s.rack for s in shardmap.shards if s.rack))
 
 
 def run_analysis(cluster: Cluster, source: Any, chunks: list[Any]) -> tuple[Any, float]:
@@ -409,7 +432,7 @@ def report(result: Any, wall_s: float, summary: Any, record: dict[str, Any], *,
     print(f"trijet mass [GeV]: {histogram_line(res.counts, res.edges)}")
     servers = ", ".join(f"{name} {n}" for name, n in sorted(result.servers.items()))
     print(f"read: {res.bytes_read / 1e6:.1f} MB; chunks by server: {servers}; "
-          f"{result.failovers} failover(s)")
+          f"{result.failovers} chunk(s) away from their home shard")
     if show_summary and summary is not None:
         for line in summary.lines():
             print(line)
@@ -428,14 +451,23 @@ def report(result: Any, wall_s: float, summary: Any, record: dict[str, Any], *,
 def summary_dict(summary: RunSummary) -> dict[str, Any]:
     """The run summary as JSON-ready data (``RunSummary.to_dict`` cannot copy its
     defaultdict fields with ``dataclasses.asdict``)."""
-    from dataclasses import asdict, fields
-
-    data = {f.name: getattr(summary, f.name) for f in fields(summary)}
-    data["categories"] = {k: asdict(v) for k, v in summary.categories.items()}
-    data["hosts"] = dict(summary.hosts)
-    data["failures"] = list(summary.failures)
+    data = plain(summary)
     data["tasks_per_s"] = summary.tasks_per_s
+    data["reads"]["near_fraction"] = summary.reads.near_fraction
     return data
+
+
+def plain(value: Any) -> Any:
+    """Dataclasses, mappings and sequences as dicts and lists (keys as strings)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
 def histogram_line(counts: Any, edges: Any) -> str:

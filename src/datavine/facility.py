@@ -130,21 +130,23 @@ MANAGER_KEYS: dict[str, Kind] = {"host": _str, "workers_timeout_s": _float, "por
 RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "timeout_s": _float, "max_bundle_tasks": _int,
                              "target_bundle_s": _float, "bundles_per_slot": _int,
-                             "wait_s": _float, "progress": _bool}
+                             "wait_s": _float, "progress": _bool, "preload": _str_list,
+                             "pickle_by_value": _str_list, "max_library_failures": _int}
 XCACHE_KEYS: dict[str, Kind] = {"origin": _str, "export_root": _path, "shards": lambda v, w: v}
 SHARD_KEYS: dict[str, Kind] = {"url": _str, "rack": _str, "name": _str}
-MEMORY_KEYS: dict[str, Kind] = {"default_mb": _float, "ceiling_mb": _float, "floor_mb": _float,
-                                "headroom": _float, "growth": _float,
+MEMORY_KEYS: dict[str, Kind] = {"enabled": _bool, "default_mb": _float, "ceiling_mb": _float,
+                                "floor_mb": _float, "headroom": _float, "growth": _float,
                                 "per_category": _float_map, "step_mb": _float,
                                 "min_samples": _int}
-PLACEMENT_KEYS: dict[str, Kind] = {"max_wait_s": _float, "cache_wait_s": _float}
+PLACEMENT_KEYS: dict[str, Kind] = {"enabled": _bool, "max_wait_s": _float,
+                                   "cache_wait_s": _float}
 POOL_KEYS: dict[str, Kind] = {"name": _str, "batch": _str, "workers": _int, "min_workers": _int,
                               "cores": _int, "memory_mb": _int, "disk_mb": _int, "rack": _str,
                               "features": _str_list, "idle_timeout_s": _int,
                               "factory_period_s": _int, "condor_submit": _str_list}
 LOCAL_WORKERS_KEYS: dict[str, Kind] = {"workers": _int, "cores": _int, "memory_mb": _int,
                                        "disk_mb": _int, "features": _str_list,
-                                       "idle_timeout_s": _int}
+                                       "racks": _str_list, "idle_timeout_s": _int}
 SECTIONS = ("manager", "run", "xcache", "memory", "placement", "pools", "local_workers")
 
 
@@ -189,13 +191,18 @@ class PoolSettings:
 
 @dataclass(frozen=True)
 class Facility:
-    """Everything a facility file says, as datavine's configuration objects."""
+    """Everything a facility file says, as datavine's configuration objects.
+
+    ``run`` already carries ``memory``, ``placement`` and ``shards`` (``RunConfig.memory``,
+    ``.placement``, ``.shardmap``); ``memory``/``placement`` are ``None`` when the file
+    switches them off (``enabled = false``).
+    """
 
     path: Path
     manager: ManagerConfig
     run: RunConfig
-    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
-    placement: PlacementPolicy = field(default_factory=PlacementPolicy)
+    memory: MemoryPolicy | None = field(default_factory=MemoryPolicy)
+    placement: PlacementPolicy | None = field(default_factory=PlacementPolicy)
     shards: ShardMap | None = None
     export_root: Path | None = None  # the folder the XCache origin serves, seen from here
     pools: tuple[PoolSettings, ...] = ()
@@ -230,15 +237,17 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
                             f"{workers_timeout_s}")
     manager = _manager(manager_table, path, check_files)
     shards, export_root = _xcache(doc.get("xcache"), path, check_files)
+    memory = _policy(MemoryPolicy, doc.get("memory", {}), MEMORY_KEYS, path, "memory")
+    placement = _policy(PlacementPolicy, doc.get("placement", {}), PLACEMENT_KEYS, path,
+                        "placement")
+    run = _read_table(doc.get("run", {}), RUN_KEYS, path, "run")
+    run.update(memory=memory, placement=placement, shardmap=shards)
     return Facility(
         path=path,
         manager=manager,
-        run=_build(RunConfig, _read_table(doc.get("run", {}), RUN_KEYS, path, "run"),
-                   path, "run"),
-        memory=_build(MemoryPolicy, _read_table(doc.get("memory", {}), MEMORY_KEYS, path,
-                                                "memory"), path, "memory"),
-        placement=_build(PlacementPolicy, _read_table(doc.get("placement", {}), PLACEMENT_KEYS,
-                                                      path, "placement"), path, "placement"),
+        run=_build(RunConfig, run, path, "run"),
+        memory=memory,
+        placement=placement,
         shards=shards,
         export_root=export_root,
         pools=_pools(doc.get("pools", []), path),
@@ -246,6 +255,15 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
         manager_host=host,
         workers_timeout_s=workers_timeout_s,
     )
+
+
+def _policy(cls: Callable[..., Any], table: Any, schema: Mapping[str, Kind], path: Path,
+            section: str) -> Any:
+    """A policy section: ``cls(**values)``, or ``None`` when it says ``enabled = false``."""
+    values = _read_table(table, schema, path, section)
+    if not values.pop("enabled", True):
+        return None
+    return _build(cls, values, path, section)
 
 
 def _manager(values: dict[str, Any], path: Path, check_files: bool) -> ManagerConfig:

@@ -7,14 +7,15 @@ chunk's :class:`~datavine.analysis.agc.ChunkResult` plus which server delivered 
 
 - :class:`LocalFiles`: the chunk's ``path`` is a local file, read directly;
 - :class:`XCacheShards`: the chunk's ``path`` is a ``root://`` URL of the file at the origin;
-  it is opened through :func:`datavine.xcache.open_with_failover` on the file's shard
-  (rendezvous order of the :class:`~datavine.shards.ShardMap`, skipping shards that failed
-  recently, the origin last) and the open file is handed to ``process_chunk``.
+  it is opened with :func:`datavine.reading.open_input` on the file's shard (rendezvous
+  order of the :class:`~datavine.shards.ShardMap`, skipping shards that failed recently, the
+  origin last), so the runtime accounts the bytes as near or far, and the open file is
+  handed to ``process_chunk``.
 
 Sources are small, picklable values, so a task carries its source with it; shard health is
-kept per process (a worker's library process lives across calls, so a dead shard is skipped
-by later chunks on that worker, too). :func:`analysis_graph` is the whole analysis as a dask
-graph: one task per chunk, merged in a tree.
+kept per process by :mod:`datavine.reading` (a worker's library lives across calls, so a
+dead shard is skipped by later chunks on that worker, too). :func:`analysis_graph` is the
+whole analysis as a dask graph: one task per chunk, merged in a tree.
 """
 
 from __future__ import annotations
@@ -25,14 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from datavine.analysis.agc import Chunk, ChunkResult, process_chunk
-from datavine.shards import ShardHealth, ShardMap
+from datavine.shards import ShardMap
 
 LOCAL = "local"
-
-# One per process: which shards failed recently (see datavine.shards.ShardHealth).
-_HEALTH = ShardHealth()
 
 
 @dataclass(eq=False)
@@ -40,7 +39,8 @@ class SourcedResult:
     """A chunk's analysis result and where it was read from; merged with ``+``.
 
     ``servers`` counts chunks per server that delivered them (``"local"``, a shard's name,
-    or ``"origin"``); ``failovers`` counts servers that failed before one answered.
+    or ``"origin"``); ``failovers`` counts chunks read elsewhere than on their file's home
+    shard (it failed, or was cooling down after a failure).
     """
 
     result: ChunkResult = field(default_factory=ChunkResult.empty)
@@ -73,12 +73,23 @@ class XCacheShards:
     shardmap: ShardMap
 
     def process(self, chunk: Chunk) -> SourcedResult:
-        from datavine.xcache import open_with_failover
+        from datavine.reading import open_input
 
-        handle, record = open_with_failover(chunk.path, self.shardmap, _HEALTH)
-        with handle:
+        with open_input(chunk.path, shardmap=self.shardmap) as handle:
             result = process_chunk(handle, chunk.entry_start, chunk.entry_stop)
-        return SourcedResult(result, Counter({record.server: 1}), record.failovers)
+        server = self.server_of(result.source)
+        away = server != self.shardmap.shard_for(chunk.path).name
+        return SourcedResult(result, Counter({server: 1}), int(away))
+
+    def server_of(self, url: str) -> str:
+        """The name of the server (shard, or ``"origin"``) that ``url`` points at."""
+        netloc = urlsplit(url).netloc
+        servers = [*self.shardmap.shards, *([self.shardmap.origin]
+                                            if self.shardmap.origin else [])]
+        for server in servers:
+            if urlsplit(server.url).netloc == netloc:
+                return server.name
+        return netloc or url
 
 
 ChunkSource = LocalFiles | XCacheShards
