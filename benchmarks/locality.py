@@ -17,8 +17,9 @@ caches; the runs alternate between the modes so that load from elsewhere falls o
 alike. Every result must equal the plain loop's. Per run: seconds, events/s, the near-byte
 fraction (bytes read from a shard in the worker's own rack), bytes the origin sent (its
 summary monitoring), and per shard the bytes hit and missed in its cache (the ``.cinfo``
-records). The last line is ``near_fraction=`` (the datavine warm runs' lowest) and
-``throughput_ratio=`` (best datavine warm events/s / best blind warm events/s) and more.
+records). The last line is ``near_fraction=`` (the datavine warm runs' lowest),
+``throughput_ratio=`` (best datavine warm events/s / best blind warm events/s),
+``throughput_ratio_median=`` (the same with the medians) and more.
 
     .venv/bin/python benchmarks/locality.py [--files 64 --events-per-file 50000]
         [--chunk-events 50000] [--warm-runs 3] [--data-dir DIR]
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import time
 from collections import Counter
@@ -87,6 +89,7 @@ class RunRecord:
     shard_miss_mb: dict[str, float] = field(default_factory=dict)
     placement: Counter[str] = field(default_factory=Counter)
     failovers: int = 0
+    per_worker: dict[str, int] = field(default_factory=dict)  # chunk tasks each worker ran
     note: str = ""
 
     @property
@@ -134,6 +137,14 @@ def settled_stats(testbed: Any, lfns: list[str], seen: dict[str, int],
     return testbed.cache_stats(), note
 
 
+def chunks_per_worker(summary: Any) -> dict[str, int]:
+    """How many chunk tasks each worker ran (from the run's completion records)."""
+    counts = Counter({f"local-{i}": 0 for i in range(WORKERS)})
+    counts.update(w for _, key, w in summary.completions
+                  if str(key).startswith(read_chunk.__name__))
+    return dict(sorted(counts.items()))
+
+
 def timed_run(mode: Mode, label: str, reference: agc.ChunkResult) -> RunRecord:
     tb = mode.testbed
     names = {s.index: s.name for s in tb.shards}
@@ -156,7 +167,7 @@ def timed_run(mode: Mode, label: str, reference: agc.ChunkResult) -> RunRecord:
         after.origin.opens - before.origin.opens,
         {n: (hit1[n] - hit0[n]) / MB for n in names.values()},
         {n: (miss1[n] - miss0[n]) / MB for n in names.values()},
-        Counter(summary.placement), reads.failovers, note)
+        Counter(summary.placement), reads.failovers, chunks_per_worker(summary), note)
     print(f"#   {seconds:.2f} s, {record.events_per_s:,.0f} events/s, "
           f"{record.near_fraction:.1%} near, correct={record.correct}", file=sys.stderr,
           flush=True)
@@ -205,17 +216,18 @@ def layout(root: Path, paths: list[Path], smap: Any) -> str:
 # --- report --------------------------------------------------------------------------------
 def table(records: list[RunRecord]) -> str:
     lines = ["| mode | run | s | events/s | near | near MB | far MB | origin MB | origin opens "
-             "| shard hit/miss MB | placement | correct |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+             "| shard hit/miss MB | placement | chunks per worker | correct |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
     for r in records:
         shards = ", ".join(f"{n[-1]}: {r.shard_hit_mb[n]:.0f}/{r.shard_miss_mb[n]:.0f}"
                            for n in sorted(r.shard_hit_mb))
         placed = ", ".join(f"{k} {v}" for k, v in sorted(r.placement.items()))
+        workers = "/".join(str(n) for n in r.per_worker.values())
         note = f" {r.note}" if r.note else ""
         lines.append(
             f"| {r.mode} | {r.label} | {r.seconds:.2f} | {r.events_per_s:,.0f} | "
             f"{r.near_fraction:.1%} | {r.near_mb:.0f} | {r.far_mb:.0f} | {r.origin_mb:.0f} | "
-            f"{r.origin_opens} | {shards} | {placed} | "
+            f"{r.origin_opens} | {shards} | {placed} | {workers} | "
             f"{'yes' if r.correct else 'NO'}{note} |")
     return "\n".join(lines)
 
@@ -228,6 +240,10 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
         rates = [r.events_per_s for r in runs(mode, warm) if r.correct]
         return max(rates) if rates else None
 
+    def median(mode: str) -> float | None:
+        rates = [r.events_per_s for r in runs(mode, True) if r.correct]
+        return statistics.median(rates) if rates else None
+
     def fmt(x: float | None, digits: int = 0) -> str:
         return "nan" if x is None else f"{x:.{digits}f}"
 
@@ -236,6 +252,7 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
     return {
         "near_fraction": fmt(min((r.near_fraction for r in dv_warm), default=None), 3),
         "throughput_ratio": common.ratio(best("datavine", True), best("blind", True)),
+        "throughput_ratio_median": common.ratio(median("datavine"), median("blind")),
         "blind_near_fraction": fmt(max((r.near_fraction for r in blind_warm), default=None),
                                    3),
         "datavine_events_per_s": fmt(best("datavine", True)),
