@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import time
@@ -90,6 +91,7 @@ class RunRecord:
     placement: Counter[str] = field(default_factory=Counter)
     failovers: int = 0
     per_worker: dict[str, int] = field(default_factory=dict)  # chunk tasks each worker ran
+    idle: float = float("nan")  # share of worker time with no call executing (see idle_share)
     note: str = ""
 
     @property
@@ -145,6 +147,33 @@ def chunks_per_worker(summary: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def idle_share(transactions: Path, start: float, end: float, workers: int) -> float:
+    """Share of the workers' time in ``[start, end]`` (epoch seconds) with no function call
+    executing, from TaskVine's transactions log (each call's worker and its
+    ``time_worker_start``/``end``). Unlike events/s, it shows the scheduler's gaps even where
+    4 workers share 2 cores (an idle worker lends its core to the others)."""
+    where: dict[str, str] = {}
+    busy: dict[str, list[tuple[float, float]]] = {}
+    for line in transactions.read_text(errors="replace").splitlines():
+        parts = line.split(maxsplit=6)
+        if len(parts) < 6 or parts[2] != "TASK":
+            continue
+        if parts[4] == "RUNNING":
+            where[parts[3]] = parts[5]
+        elif parts[4] == "RETRIEVED" and parts[5] == "SUCCESS" and parts[3] in where:
+            times = json.loads(line[line.rindex(" {") + 1:])
+            t0, t1 = times["time_worker_start"][0], times["time_worker_end"][0]
+            if t1 > start and t0 < end:
+                busy.setdefault(where[parts[3]], []).append((max(t0, start), min(t1, end)))
+    covered = 0.0
+    for spans in busy.values():
+        last = start
+        for t0, t1 in sorted(spans):
+            covered += max(0.0, t1 - max(t0, last))
+            last = max(last, t1)
+    return 1.0 - covered / (workers * (end - start)) if end > start else float("nan")
+
+
 def timed_run(mode: Mode, label: str, reference: agc.ChunkResult) -> RunRecord:
     tb = mode.testbed
     names = {s.index: s.name for s in tb.shards}
@@ -152,9 +181,9 @@ def timed_run(mode: Mode, label: str, reference: agc.ChunkResult) -> RunRecord:
     seen = {f: accesses(before, f) for f in mode.lfns}
     graph = build_graph(mode.chunks)
     print(f"# {mode.name} {label} ...", file=sys.stderr, flush=True)
-    started = time.perf_counter()
+    started, wall_start = time.perf_counter(), time.time()
     (result,) = dask.compute(graph, scheduler=mode.cluster.get)
-    seconds = time.perf_counter() - started
+    seconds, wall_end = time.perf_counter() - started, time.time()
     after, note = settled_stats(tb, mode.lfns, seen)
     summary = mode.cluster.last_summary
     hit0, miss0 = shard_bytes(before, names)
@@ -167,9 +196,12 @@ def timed_run(mode: Mode, label: str, reference: agc.ChunkResult) -> RunRecord:
         after.origin.opens - before.origin.opens,
         {n: (hit1[n] - hit0[n]) / MB for n in names.values()},
         {n: (miss1[n] - miss0[n]) / MB for n in names.values()},
-        Counter(summary.placement), reads.failovers, chunks_per_worker(summary), note)
+        Counter(summary.placement), reads.failovers, chunks_per_worker(summary),
+        idle_share(mode.cluster.runtime.info_dir / "vine-logs" / "transactions", wall_start,
+                   wall_end, WORKERS), note)
     print(f"#   {seconds:.2f} s, {record.events_per_s:,.0f} events/s, "
-          f"{record.near_fraction:.1%} near, correct={record.correct}", file=sys.stderr,
+          f"{record.near_fraction:.1%} near, workers idle {record.idle:.0%}, "
+          f"correct={record.correct}", file=sys.stderr,
           flush=True)
     return record
 
@@ -216,8 +248,8 @@ def layout(root: Path, paths: list[Path], smap: Any) -> str:
 # --- report --------------------------------------------------------------------------------
 def table(records: list[RunRecord]) -> str:
     lines = ["| mode | run | s | events/s | near | near MB | far MB | origin MB | origin opens "
-             "| shard hit/miss MB | placement | chunks per worker | correct |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+             "| shard hit/miss MB | placement | chunks per worker | workers idle | correct |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---|"]
     for r in records:
         shards = ", ".join(f"{n[-1]}: {r.shard_hit_mb[n]:.0f}/{r.shard_miss_mb[n]:.0f}"
                            for n in sorted(r.shard_hit_mb))
@@ -227,7 +259,7 @@ def table(records: list[RunRecord]) -> str:
         lines.append(
             f"| {r.mode} | {r.label} | {r.seconds:.2f} | {r.events_per_s:,.0f} | "
             f"{r.near_fraction:.1%} | {r.near_mb:.0f} | {r.far_mb:.0f} | {r.origin_mb:.0f} | "
-            f"{r.origin_opens} | {shards} | {placed} | {workers} | "
+            f"{r.origin_opens} | {shards} | {placed} | {workers} | {r.idle:.0%} | "
             f"{'yes' if r.correct else 'NO'}{note} |")
     return "\n".join(lines)
 
@@ -257,6 +289,10 @@ def summarise(records: list[RunRecord]) -> dict[str, Any]:
                                    3),
         "datavine_events_per_s": fmt(best("datavine", True)),
         "blind_events_per_s": fmt(best("blind", True)),
+        "datavine_idle": fmt(statistics.median(r.idle for r in dv_warm) if dv_warm else None,
+                             3),
+        "blind_idle": fmt(statistics.median(r.idle for r in blind_warm) if blind_warm
+                          else None, 3),
         "cold_near_fraction": fmt(dv_cold[0].near_fraction if dv_cold else None, 3),
         "cold_throughput_ratio": common.ratio(best("datavine", False), best("blind", False)),
         "cold_origin_mb": fmt(dv_cold[0].origin_mb if dv_cold else None, 1),
