@@ -106,8 +106,11 @@ def _cluster(tmp_path_factory: pytest.TempPathFactory, testbed: Any,
 
 @pytest.fixture(scope="module")
 def placed(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Iterator[Any]:
-    """4 workers in 2 racks, placement on (delay scheduling with the default waits)."""
-    with _cluster(tmp_path_factory, testbed, datavine.PlacementPolicy()) as cluster:
+    """4 workers in 2 racks, placement on. The racks hold equal work here, so a long
+    ``max_wait_s`` costs nothing, and a loaded machine (slow tasks) cannot time bundles out
+    into far placements, which would make the near-fraction checks flaky."""
+    policy = datavine.PlacementPolicy(max_wait_s=30.0, cache_wait_s=1.0)
+    with _cluster(tmp_path_factory, testbed, policy) as cluster:
         yield cluster
 
 
