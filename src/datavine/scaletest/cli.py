@@ -81,6 +81,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     pool.add_argument("--xcache", type=_non_negative, default=0, metavar="N",
                       help="read the generated files through a loopback XCache testbed of "
                       "N shards (default 0: local files)")
+    pool.add_argument("--no-memory-caps", action="store_true",
+                      help="run tasks in the workers' library processes, not in forked "
+                      "children under datavine's memory caps")
     pool.add_argument("--timeout", type=_seconds, metavar="S",
                       help="fail when processing takes longer than S seconds")
     pool.add_argument("--connect-timeout", type=_seconds, default=120.0, metavar="S",
@@ -116,7 +119,8 @@ def config_from_args(args: argparse.Namespace) -> ScaleTestConfig:
         data_dir=args.data, fileset=args.fileset, workers=args.workers, cores=args.cores,
         memory_mb=args.memory, pool=args.pool, port=args.port, password_file=args.password,
         manager_host=args.manager_host, xcache_shards=args.xcache, timeout_s=args.timeout,
-        connect_timeout_s=args.connect_timeout, bin_s=args.bin, progress=args.progress)
+        connect_timeout_s=args.connect_timeout, bin_s=args.bin, progress=args.progress,
+        memory_caps=not args.no_memory_caps)
 
 
 def cmd_scale_test(args: argparse.Namespace) -> int:

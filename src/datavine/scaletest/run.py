@@ -66,6 +66,8 @@ class ScaleTestConfig:
         connect_timeout_s: how long to wait for the pool's workers.
         bin_s: the timeline's bin width (default: the wall time / 120, at least 0.25 s).
         progress: datavine's progress bar.
+        memory_caps: run every bundle in a forked child under datavine's memory caps
+            (the default); ``False`` runs bundles in the worker's library process.
     """
 
     files: int = 8
@@ -89,6 +91,7 @@ class ScaleTestConfig:
     connect_timeout_s: float = 120.0
     bin_s: float | None = None
     progress: bool = False
+    memory_caps: bool = True
     tree: str = "Events"
 
     def __post_init__(self) -> None:
@@ -232,6 +235,8 @@ def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap
     stack.callback(gc.collect)  # the TaskVine manager writes its logs when collected
     run = RunConfig(progress=config.progress, timeout_s=config.timeout_s, shardmap=shardmap,
                     no_worker_timeout_s=max(60.0, config.connect_timeout_s))
+    if not config.memory_caps:
+        run = run.replace(memory=None)
     cluster: Any
     if config.pool == "local":
         cluster = LocalCluster(workers=config.n_workers, cores=config.cores,
