@@ -16,10 +16,12 @@ Both clusters and testbeds are up before any clock starts. Each mode runs once o
 caches; the runs alternate between the modes so that load from elsewhere falls on both
 alike. Every result must equal the plain loop's. Per run: seconds, events/s, the near-byte
 fraction (bytes read from a shard in the worker's own rack), bytes the origin sent (its
-summary monitoring), and per shard the bytes hit and missed in its cache (the ``.cinfo``
-records). The last line is ``near_fraction=`` (the datavine warm runs' lowest),
-``throughput_ratio=`` (best datavine warm events/s / best blind warm events/s),
-``throughput_ratio_median=`` (the same with the medians) and more.
+summary monitoring), per shard the bytes hit and missed in its cache (the ``.cinfo``
+records), chunks per worker, and the share of worker time idle (TaskVine's transactions
+log; 4 workers on 2 cores hide idle gaps from events/s, see :func:`idle_share`). The last
+line is ``near_fraction=`` (the datavine warm runs' lowest), ``throughput_ratio=`` (best
+datavine warm events/s / best blind warm events/s), ``throughput_ratio_median=`` (the same
+with the medians) and more.
 
     .venv/bin/python benchmarks/locality.py [--files 64 --events-per-file 50000]
         [--chunk-events 50000] [--warm-runs 3] [--data-dir DIR]
