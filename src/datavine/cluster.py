@@ -96,7 +96,11 @@ class Cluster:
             self.runtime = None
 
     def __enter__(self) -> Cluster:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.close()  # workers or a manager started before the failure
+            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 Key = Hashable
 REFRESH_S = 1.0  # how often workers are sampled and the library's health is checked
+TASK_READY = 1  # vine_task_state_t: submitted, not dispatched to a worker yet
 
 
 @dataclass
@@ -122,7 +123,7 @@ class GraphRun:
         if gone:
             for task_id, entry in list(self.inflight.items()):
                 if entry.target.worker in gone:
-                    self.m.cancel_by_task_id(task_id)
+                    self.m.cancel_by_task_id(task_id)  # its worker is gone: not running
                     self._forget(task_id)
                     self._retry(entry.bundle, f"worker {entry.target.worker} left the pool")
         self.rt.check_library()
@@ -310,8 +311,12 @@ class GraphRun:
         raise RemoteTaskError(key, result.get("message", "?"), tb, where)
 
     def _cancel_inflight(self) -> None:
-        for task_id in list(self.inflight):
-            self.m.cancel_by_task_id(task_id)
+        """Withdraw what was not dispatched yet. A call already running in a library is left
+        to finish and its result ignored: TaskVine cannot stop a function call, and
+        cancelling one confuses the worker's slot accounting (the next call hangs)."""
+        for task_id, entry in list(self.inflight.items()):
+            if entry.call.state == TASK_READY:
+                self.m.cancel_by_task_id(task_id)
             self._forget(task_id)
 
 

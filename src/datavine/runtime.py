@@ -123,9 +123,12 @@ class Runtime:
         return self.connected_workers()
 
     def close(self) -> None:
-        if getattr(self, "_m", None) is not None:
-            del self._m
+        """Shut the manager down now (not whenever the garbage collector gets to it)."""
+        manager = getattr(self, "_m", None)
+        if manager is not None:
             self._m = None
+            self._env_file = None
+            manager._free()  # the only way to delete a TaskVine manager deterministically
 
     # ----------------------------------------------------------------------------------------
     def ensure_library(self) -> str:

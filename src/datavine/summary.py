@@ -85,15 +85,22 @@ class RunSummary:
             stats.failover_errors.extend(f"{r.get('lfn')}: {s}: {e}" for s, e in errors)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["categories"] = {k: asdict(v) for k, v in self.categories.items()}
-        data["hosts"] = dict(self.hosts)
-        data["placement"] = dict(self.placement)
-        data["reads"]["by_server"] = dict(self.reads.by_server)
-        data["reads"]["near_fraction"] = self.reads.near_fraction
-        data["completions"] = [(t, str(k), w) for t, k, w in self.completions]
-        data["tasks_per_s"] = self.tasks_per_s
-        return data
+        """Plain JSON-ready data (dataclasses.asdict cannot copy the defaultdicts)."""
+        reads = self.reads
+        return {
+            "tasks": self.tasks, "bundles": self.bundles, "retries": self.retries,
+            "failures": list(self.failures), "wall_s": self.wall_s, "workers": self.workers,
+            "tasks_per_s": self.tasks_per_s,
+            "categories": {k: asdict(v) for k, v in self.categories.items()},
+            "hosts": dict(self.hosts), "worker_peak_mb": dict(self.worker_peak_mb),
+            "placement": dict(self.placement), "memory": dict(self.memory),
+            "reads": {"near_bytes": reads.near_bytes, "far_bytes": reads.far_bytes,
+                      "near_fraction": reads.near_fraction, "by_server": dict(reads.by_server),
+                      "opens": reads.opens, "failovers": reads.failovers,
+                      "failover_errors": list(reads.failover_errors)},
+            "samples": [list(s) for s in self.samples],
+            "completions": [(t, str(k), w) for t, k, w in self.completions],
+        }
 
     def lines(self) -> list[str]:
         out = [
