@@ -115,9 +115,6 @@ def test_a_task_over_its_cap_is_retried_under_a_larger_cap_and_succeeds(
     assert stats.tasks == 1  # counted once: for the attempt that succeeded
 
 
-@pytest.mark.xfail(reason="execution.py keys cap_override by bundle id, and a requeued task "
-                          "comes back in a new bundle: the retry runs under the learned cap, "
-                          "not the policy's Retry cap (growth x the failed cap)")
 def test_each_retry_runs_under_the_policys_escalated_cap(escalated: Escalated) -> None:
     stats = escalated.summary.categories["hog"]
     caps = [*failed_caps(escalated.summary, "hog"), stats.cap_mb]

@@ -69,7 +69,7 @@ class GraphRun:
         self.consumers = {k: set(d) for k, d in graph.dependents.items()}
         self.inflight: dict[int, Inflight] = {}
         self.held: list[tuple[Bundle, float]] = []
-        self.cap_override: dict[int, float] = {}
+        self.cap_override: dict[Key, float] = {}  # tasks retried after an overrun
         self.preload = tuple(dict.fromkeys((*cfg.preload, *graph.modules())))
         self.summary = RunSummary()
         self.progress = RunProgress(len(graph), enabled=cfg.progress)
@@ -164,7 +164,8 @@ class GraphRun:
                     else categories[bundle.keys[0]])
         cap_mb = None
         if memory is not None:
-            cap_mb = self.cap_override.get(bundle.id) or memory.cap_for(category)
+            retried = [self.cap_override[k] for k in bundle.keys if k in self.cap_override]
+            cap_mb = max(retried) if retried else memory.cap_for(category)
         spec = {
             "nodes": [(k, self.graph.nodes[k]) for k in bundle.keys],
             "inputs": {k: self.values[k] for k in bundle.inputs},
@@ -274,7 +275,8 @@ class GraphRun:
         decision = memory.after_overrun(entry.category, cap, peak)
         if isinstance(decision, GiveUp):
             raise MemoryCapError(entry.bundle.keys, entry.category, peak, cap, decision.reason)
-        self.cap_override[entry.bundle.id] = decision.cap_mb
+        for key in entry.bundle.keys:  # a requeued task may come back in another bundle
+            self.cap_override[key] = decision.cap_mb
         stats.cap_mb = decision.cap_mb
         self.summary.retries += 1
         self.planner.requeue(entry.bundle)
