@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +25,14 @@ def start_worker(port: int, workspace: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [str(vine_binary("vine_worker")), "127.0.0.1", str(port), "--cores", "1",
          "--workspace", str(workspace), "--timeout", "30", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_environment())
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_environment(),
+        start_new_session=True)  # its own group: stop() also ends its transfer server
+
+
+def stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
 def connected_after(cluster: datavine.Cluster, seconds: float) -> int:
@@ -47,10 +57,10 @@ def test_workers_without_the_password_are_rejected(tmp_path: Path) -> None:
                 assert connected_after(c, 1) == 1
                 assert delayed(operator.add)(2, 3).compute(scheduler=c.get) == 5
             finally:
-                good.kill()
+                stop(good)
         finally:
             for p in intruders:
-                p.kill()
+                stop(p)
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
@@ -70,6 +80,6 @@ def test_ssl_manager_needs_ssl_workers(tmp_path: Path) -> None:
                 c.runtime.wait_for_workers(1, 20)
                 assert delayed(operator.mul)(4, 5).compute(scheduler=c.get) == 20
             finally:
-                tls.kill()
+                stop(tls)
         finally:
-            plain.kill()
+            stop(plain)

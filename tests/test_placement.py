@@ -28,12 +28,15 @@ def _task(*pairs: tuple[str, str | None]) -> TaskInputs:
 
 def test_score_prefers_cached_then_rack_then_any() -> None:
     task = _task(("/a.root", "A"))
-    cached = WorkerView("w1", rack="B", files_read=frozenset({"/a.root"}))
+    cached = WorkerView("w1", rack="A", files_read=frozenset({"/a.root"}))
     in_rack = WorkerView("w2", rack="A")
     far = WorkerView("w3", rack="B")
+    far_read = WorkerView("w4", rack="B", files_read=frozenset({"/a.root"}))
     assert score(task, cached).tier == Tier.CACHED
     assert score(task, in_rack).tier == Tier.RACK
     assert score(task, far).tier == Tier.FAR
+    # reads go through the file's shard: having read it in another rack does not make it near
+    assert score(task, far_read).tier == Tier.FAR
     assert score(task, cached) > score(task, in_rack) > score(task, far)
     assert [w.id for w in rank_workers(task, [far, in_rack, cached])] == ["w1", "w2", "w3"]
 
@@ -49,7 +52,8 @@ def test_taskinputs_from_shardmap_uses_logical_names_and_shard_racks() -> None:
 
 def test_runs_on_a_free_worker_that_already_read_the_file() -> None:
     task = _task(("/a.root", "A"))
-    workers = [WorkerView("near", "A"), WorkerView("hot", "B", 1, frozenset({"/a.root"}))]
+    workers = [WorkerView("near", "A"), WorkerView("hot", "A", 1, frozenset({"/a.root"})),
+               WorkerView("far-hot", "B", 1, frozenset({"/a.root"}))]
     p = decide(task, workers, waited_s=0, policy=POLICY)
     assert (p.action, p.tier, p.workers, p.rack) == ("run", Tier.CACHED, ("hot",), None)
 
@@ -81,7 +85,7 @@ def test_does_not_wait_when_no_near_worker_is_connected() -> None:
 
 def test_cached_wait_is_shorter_than_rack_wait() -> None:
     task = _task(("/a.root", "A"))
-    workers = [WorkerView("hot", "B", 0, frozenset({"/a.root"})), WorkerView("a1", "A", 1)]
+    workers = [WorkerView("hot", "A", 0, frozenset({"/a.root"})), WorkerView("a1", "A", 1)]
     assert decide(task, workers, waited_s=0.2, policy=POLICY).action == "hold"
     p = decide(task, workers, waited_s=1.5, policy=POLICY)
     assert (p.action, p.tier, p.workers) == ("run", Tier.RACK, ("a1",))

@@ -11,6 +11,7 @@ crashed libraries (retried), tasks a worker cannot load (raised). Every wait is 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from datavine.inputs import task_files
 from datavine.memory import GiveUp
 from datavine.placement import Placement, TaskInputs, Tier, decide
 from datavine.progress import RunProgress
-from datavine.shards import logical_name
+from datavine.shards import NoShardAvailableError, ShardMap, logical_name
 from datavine.summary import RunSummary
 from datavine.topology import ANYWHERE, Target
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 Key = Hashable
 REFRESH_S = 1.0  # how often workers are sampled and the library's health is checked
+LOOKAHEAD_FACTOR = 4  # bundles considered per free slot when the first ones must wait
 TASK_READY = 1  # vine_task_state_t: submitted, not dispatched to a worker yet
 
 
@@ -69,6 +71,7 @@ class GraphRun:
         self.consumers = {k: set(d) for k, d in graph.dependents.items()}
         self.inflight: dict[int, Inflight] = {}
         self.held: list[tuple[Bundle, float]] = []
+        self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
         self.cap_override: dict[Key, float] = {}  # tasks retried after an overrun
         self.preload = tuple(dict.fromkeys((*cfg.preload, *graph.modules())))
         self.summary = RunSummary()
@@ -130,31 +133,54 @@ class GraphRun:
 
     # --- submitting ----------------------------------------------------------------------
     def _submit(self, library: str, now: float) -> None:
+        """Fill the free slots: held bundles first, then fresh ones, looking past bundles
+        that wait for a busy rack (up to a bounded look-ahead) so other racks stay busy."""
         slots = max(1, self.rt.connected_cores())
         room = slots * self.cfg.bundles_per_slot - len(self.inflight)
         if room <= 0:
             return
-        held, self.held = self.held, []
-        fresh = self.planner.next_bundles(max(0, room - len(held))) if len(held) < room else []
-        for bundle, since in [*held, *((b, now) for b in fresh)]:
-            if room <= 0:
-                self.held.append((bundle, since))
-                continue
-            placement = self._place(bundle, now - since)
+        lookahead = LOOKAHEAD_FACTOR * slots * self.cfg.bundles_per_slot
+        queue = deque(self.held)
+        self.held = []
+        while room > 0:
+            if not queue:
+                want = min(room, lookahead - len(self.held))
+                fresh = self.planner.next_bundles(want) if want > 0 else []
+                if not fresh:
+                    break
+                queue.extend((b, now) for b in fresh)
+            bundle, since = queue.popleft()
+            placement, home = self._place(bundle, now, since)
             if placement.action == "hold":
                 self.held.append((bundle, since))
                 continue
+            if home is not None and placement.tier > Tier.FAR:
+                self.last_near[home] = now
             self._submit_bundle(library, bundle, self.rt.topology.target(placement),
                                 placement)
             room -= 1
+        self.held.extend(queue)
 
-    def _place(self, bundle: Bundle, waited_s: float) -> Placement:
+    def _place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
+        """Where ``bundle`` goes, and the rack holding its files. As in Spark's delay
+        scheduling, a bundle's wait counts from the later of its arrival and the last time its
+        rack got a near bundle: a long queue for a busy rack is not a reason to go far."""
         if not bundle.files or self.cfg.placement is None:
-            return Placement("run", Tier.FAR, reason="no input files, or placement is off")
+            return Placement("run", Tier.FAR, reason="no input files, or placement is off"), None
+        lfns = tuple(dict.fromkeys(logical_name(f) for f in bundle.files))
         shardmap = self.cfg.shardmap
-        task = (TaskInputs.from_shardmap(bundle.files, shardmap) if shardmap is not None
-                else TaskInputs(tuple(dict.fromkeys(logical_name(f) for f in bundle.files))))
-        return decide(task, self.rt.topology.views(), waited_s, self.cfg.placement)
+        racks = {f: self._rack_now(shardmap, f, now) for f in lfns} if shardmap else {}
+        task = TaskInputs(lfns, racks)
+        home = task.home_rack()
+        waited = now - max(since, self.last_near.get(home, since)) if home else now - since
+        return decide(task, self.rt.topology.views(), waited, self.cfg.placement), home
+
+    def _rack_now(self, shardmap: ShardMap, lfn: str, now: float) -> str | None:
+        """Rack of the shard that will serve ``lfn`` now (a failed shard's next in line)."""
+        try:
+            return shardmap.choose(lfn, self.rt.shard_health, now).rack
+        except NoShardAvailableError:
+            return None
 
     def _submit_bundle(self, library: str, bundle: Bundle, target: Target,
                        placement: Placement) -> None:
@@ -209,6 +235,8 @@ class GraphRun:
             self._accept(entry, result, task)
         elif status == remote.STATUS_MEMORY:
             self._overrun(entry, result, where)
+        elif status == remote.STATUS_INPUT:
+            self._input_failed(entry, result, where)
         elif status == remote.STATUS_LOAD:
             raise TaskLoadError(
                 f"worker {where} could not load tasks {_shown(entry.bundle.keys)}: "
@@ -255,6 +283,11 @@ class GraphRun:
                                        getattr(task, "addrport", None), files)
         worker = known.id if known is not None else "?"
         self.summary.add_reads(reads, result.get("rack"))
+        now = time.monotonic()
+        for r in reads:
+            for server, _ in r.get("errors", ()):
+                if server != "origin":
+                    self.rt.shard_health.mark_failed(server, now)
         return worker
 
     def _note_memory(self, entry: Inflight, peak_mb: float) -> None:
@@ -280,6 +313,17 @@ class GraphRun:
         stats.cap_mb = decision.cap_mb
         self.summary.retries += 1
         self.planner.requeue(entry.bundle)
+
+    def _input_failed(self, entry: Inflight, result: dict[str, Any], where: str) -> None:
+        """A shard failed under a running read: cool it down and run the bundle again (its
+        reads then fail over to the next shard)."""
+        server = str(result.get("server"))
+        self.rt.shard_health.mark_failed(server, time.monotonic())
+        error = f"{server}: {result.get('message', '?')}"
+        self.summary.reads.failovers += 1
+        self.summary.reads.failover_errors.append(
+            f"tasks {_shown(entry.bundle.keys)} on {where}: {error}")
+        self._retry(entry.bundle, f"input server failed during a read ({error})")
 
     def _retry(self, bundle: Bundle, reason: str) -> None:
         bundle.attempts += 1

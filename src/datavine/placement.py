@@ -114,7 +114,10 @@ class Placement:
 
 def score(task: TaskInputs, worker: WorkerView) -> Score:
     """How near ``worker`` is to ``task``'s data."""
-    cached = sum(1 for f in task.files if f in worker.files_read)
+    # Reads go through the file's shard: a worker outside that shard's rack that read the
+    # file before is still far from it.
+    cached = sum(1 for f in task.files if f in worker.files_read
+                 and task.racks.get(f) in (None, worker.rack))
     in_rack = 0
     if worker.rack is not None:
         in_rack = sum(1 for f in task.files if task.racks.get(f) == worker.rack)

@@ -29,6 +29,8 @@ STATUS_OK = "ok"
 STATUS_ERROR = "error"
 STATUS_MEMORY = "memory"
 STATUS_LOAD = "load"  # the bundle could not be unpickled here (a module missing, mostly)
+STATUS_INPUT = "input"  # an OSError while a file read through a shard was open: retry elsewhere
+DIRECT_SERVERS = ("local", "direct", "origin")
 
 
 def run_bundle(payload: bytes) -> dict[str, Any]:
@@ -65,6 +67,8 @@ def run_bundle(payload: bytes) -> dict[str, Any]:
         result["peak_mb"] = capped.peak_mb
         result["cap_mb"] = cap_mb
         _learn_shard_failures(result.get("reads", ()))
+        if result.get("status") == STATUS_INPUT:  # the child's health died with it
+            shard_health().mark_failed(result["server"], time.monotonic())
     else:
         result = execute_bundle(spec)
         result["peak_mb"] = _peak_rss_mb()
@@ -111,6 +115,11 @@ def execute_bundle(spec: dict[str, Any]) -> dict[str, Any]:
     with reading(spec.get("shardmap")) as ctx:
         result = _execute(nodes, values, outputs, categories, uses, timing)
         result["reads"] = [dataclasses.asdict(r) for r in ctx.records()]
+        shards = [opened[2] for opened in ctx.opened if opened[2] not in DIRECT_SERVERS]
+    if result["status"] == STATUS_ERROR and result.get("os_error") and shards:
+        result["status"] = STATUS_INPUT
+        result["server"] = shards[-1]
+        shard_health().mark_failed(shards[-1], time.monotonic())
     return result
 
 
@@ -146,7 +155,8 @@ def _error_result(key: Any, exc: BaseException) -> dict[str, Any]:
         pickled = cloudpickle.dumps(exc)
     except Exception:
         pickled = None
-    return _result(STATUS_ERROR, key=key, exception=pickled, message=repr(exc), traceback=tb)
+    return _result(STATUS_ERROR, key=key, exception=pickled, message=repr(exc), traceback=tb,
+                   os_error=isinstance(exc, OSError))
 
 
 def _result(status: str, **fields: Any) -> dict[str, Any]:

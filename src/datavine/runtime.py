@@ -31,6 +31,7 @@ from datavine.environment import (
 from datavine.errors import LibraryFailedError, NoWorkersError, TaskvineMissingError
 from datavine.execution import GraphRun
 from datavine.memory import MemoryState
+from datavine.shards import ShardHealth
 from datavine.summary import RunSummary
 from datavine.topology import Topology
 
@@ -90,6 +91,7 @@ class Runtime:
         policy = self.run_config.memory
         self.memory = MemoryState(policy) if policy is not None else None
         self.topology = Topology(self.run_config.bundles_per_slot)
+        self.shard_health = ShardHealth()  # shards the workers saw failing, for placement
         self.last_summary: RunSummary | None = None
         self._last_status = 0.0
         for module in self.run_config.pickle_by_value:
