@@ -75,14 +75,14 @@ def ship(packed: PackedEnv, workers: int, run_dir: Path, tunes: dict[str, float]
             first.add_feature("w0")
             first.add_input(tarball, "env.tar")
             manager.submit(first)
-            wait_tasks(manager, 1, started, lambda t: t.successful())
+            wait_tasks(manager, pool, 1, started, lambda t: t.successful())
         for i in range(workers):
             task = vine.Task(PROBE)
             task.set_cores(1)
             task.add_feature(f"w{i}")  # one task per worker: every worker needs the env
             use_environment(task, env)
             manager.submit(task)
-        wait_tasks(manager, workers, started,
+        wait_tasks(manager, pool, workers, started,
                    lambda t: t.successful() and t.output.startswith(str(run_dir)))
         wall = time.time() - started
         bytes_sent = manager.stats.bytes_sent
@@ -101,12 +101,18 @@ def ship(packed: PackedEnv, workers: int, run_dir: Path, tunes: dict[str, float]
             "peer_failures": failed_fetches(run_dir / "vine-run-info", found["tarball"])}
 
 
-def wait_tasks(manager: Any, count: int, started: float, ok: Callable[[Any], bool]) -> None:
-    """Wait for ``count`` tasks, each of which must pass ``ok``; at most 600 s in all."""
+def wait_tasks(manager: Any, pool: LocalWorkers, count: int, started: float,
+               ok: Callable[[Any], bool]) -> None:
+    """Wait for ``count`` tasks, each of which must pass ``ok``; at most 600 s in all, and
+    not a moment once a worker has exited (every worker has a task to run)."""
     done = 0
     while done < count:
         if time.time() - started > 600:
             raise TimeoutError(f"{done} of {count} tasks done after 600 s")
+        if pool.alive() < len(pool.procs):
+            raise RuntimeError(f"{len(pool.procs) - pool.alive()} of {len(pool.procs)} workers "
+                               f"exited after {time.time() - started:.1f} s, {done} of {count} "
+                               f"tasks done; see {pool.run_dir}/worker-*.log")
         task = manager.wait(1)
         if task is None:
             continue
