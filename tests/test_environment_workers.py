@@ -96,16 +96,19 @@ def test_a_dask_graph_runs_inside_the_shipped_environment(
     assert env_cluster.last_summary.tasks == len(env_cluster.last_summary.completions)
 
 
-def test_the_manager_sends_the_environment_about_once(
-        env_cluster: datavine.LocalCluster, packed: PackedEnv) -> None:
-    """Both workers hold the tarball; the manager sent it about once (bundles are small)."""
+def test_each_worker_unpacks_its_own_tree(env_cluster: datavine.LocalCluster,
+                                          packed: PackedEnv) -> None:
+    """Both workers hold the tarball and their own unpacked tree (the untar mini-task's
+    output is never shared between peers). Manager egress is measured by
+    ``benchmarks/environment.py``: which worker fetches from which is a race there, and a
+    2-worker test would flake on it."""
     dask.compute([delayed(where)(i) for i in range(4)], scheduler=env_cluster.get)
-    assert env_cluster.runtime is not None
-    sent = env_cluster.runtime.manager.stats.bytes_sent
-    assert sent <= 1.2 * packed.size, f"the manager sent {sent} B, tarball {packed.size} B"
     workers_dir = Path(env_cluster.manager_config.run_dir) / "workers"
-    trees = sorted(workers_dir.glob("worker-*/**/bin/run_in_env"))
+    trees = sorted(workers_dir.glob("worker-*/cache/*/bin/run_in_env"))
     assert len({t.relative_to(workers_dir).parts[0] for t in trees}) == 2, trees
+    tarballs = [p for p in workers_dir.glob("worker-*/cache/file-md5-*")
+                if p.stat().st_size == packed.size]
+    assert len(tarballs) == 2, tarballs
 
 
 def test_repacking_an_unchanged_environment_reuses_the_tarball(packed: PackedEnv) -> None:
