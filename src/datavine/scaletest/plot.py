@@ -52,7 +52,8 @@ def _rate(ax: Axes, edges: list[float], values: list[float], mean: float, label:
           color: str, unit: str) -> None:
     ax.stairs(values, edges, color=color, fill=True, alpha=0.35)
     ax.stairs(values, edges, color=color)
-    ax.axhline(mean, color=color, linestyle="--", linewidth=1, label=f"mean {mean:,.3g} {unit}")
+    shown = f"{mean:,.0f}" if mean >= 100 else f"{mean:.3g}"
+    ax.axhline(mean, color=color, linestyle="--", linewidth=1, label=f"mean {shown} {unit}")
     ax.set_ylabel(label)
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower right", fontsize=8)
