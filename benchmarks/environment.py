@@ -9,12 +9,13 @@ Which worker fetches from which is a race (see the README), so each worker count
 is one line of key=value pairs; the goal is ``egress_ratio`` (manager egress / tarball
 size) <= 1.2.
 
-    .venv/bin/python benchmarks/environment.py [--rounds 3] [--stage] [--full]
+    .venv/bin/python benchmarks/environment.py [--rounds 3] [--no-stage] [--full]
         [--compression zstd] [--workers 4 8] [--taskvine-defaults] [--tune NAME=VALUE ...]
 
 By default the manager gets ``environment.MANAGER_TUNES`` (what datavine's runtime applies);
-``--taskvine-defaults`` leaves TaskVine's own settings. ``--stage``: one worker fetches the
-tarball alone before the other tasks are submitted (a remedy for the race, measured here).
+``--taskvine-defaults`` leaves TaskVine's own settings. By default one worker fetches the
+tarball alone before the other tasks are submitted, as datavine's runtime does
+(``Runtime._stage_environment``); ``--no-stage`` shows TaskVine's race without it.
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ def main() -> None:
     parser.add_argument("--compression", default="gzip", choices=("gzip", "zstd", "none"))
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--rounds", type=int, default=3, help="rounds per worker count")
-    parser.add_argument("--stage", action="store_true",
-                        help="one worker fetches the tarball before the others start")
+    parser.add_argument("--no-stage", dest="stage", action="store_false",
+                        help="do not let one worker fetch the tarball before the others start")
     parser.add_argument("--taskvine-defaults", action="store_true",
                         help="do not apply datavine's MANAGER_TUNES")
     parser.add_argument("--tune", action="append", default=[], metavar="NAME=VALUE",

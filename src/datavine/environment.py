@@ -136,6 +136,13 @@ def pack_environment(spec: EnvSpec | None = None, cache_dir: Path | str | None =
     return PackedEnv(path=path, reused=reused, **json.loads(meta.read_text()))
 
 
+def declare_environment_files(manager: Any, packed: PackedEnv, *,
+                              cache: str = "worker") -> tuple[Any, Any]:
+    """Declare ``packed``; returns (the tarball's ``vine.File``, the unpacked tree's)."""
+    tarball = manager.declare_file(str(packed.path), cache=cache, peer_transfer=True)
+    return tarball, manager.declare_untar(tarball, cache=cache)
+
+
 def declare_environment(manager: Any, packed: PackedEnv, *, cache: str = "worker") -> Any:
     """Declare ``packed`` to a TaskVine manager; returns the unpacked tree's ``vine.File``.
 
@@ -143,8 +150,7 @@ def declare_environment(manager: Any, packed: PackedEnv, *, cache: str = "worker
     from a worker that has it, at most ``worker-source-max-transfers`` (a tune, default 10)
     at once from each, else from the manager: N workers starting together cost the manager
     about N / (that + 1) copies. ``cache="worker"``: kept for the worker's lifetime."""
-    tarball = manager.declare_file(str(packed.path), cache=cache, peer_transfer=True)
-    return manager.declare_untar(tarball, cache=cache)
+    return declare_environment_files(manager, packed, cache=cache)[1]
 
 
 def use_environment(task: Any, env_file: Any) -> None:

@@ -72,3 +72,7 @@ class LibraryFailedError(DatavineError):
 
 class TaskLoadError(DatavineError):
     """A worker could not load a task sent to it (a module missing there, most often)."""
+
+
+class EnvironmentStageError(DatavineError):
+    """The packed environment did not reach a first worker."""

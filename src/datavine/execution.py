@@ -11,7 +11,7 @@ crashed libraries (retried), tasks a worker cannot load (raised). Every wait is 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,6 +73,7 @@ class GraphRun:
         self.held: list[tuple[Bundle, float]] = []
         self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
         self.cap_override: dict[Key, float] = {}  # tasks retried after an overrun
+        self.attempts: Counter[Key] = Counter()  # by task: a requeued task gets a new bundle
         self.preload = tuple(dict.fromkeys((*cfg.preload, *graph.modules())))
         self.summary = RunSummary()
         self.progress = RunProgress(len(graph), enabled=cfg.progress)
@@ -326,7 +327,8 @@ class GraphRun:
         self._retry(entry.bundle, f"input server failed during a read ({error})")
 
     def _retry(self, bundle: Bundle, reason: str) -> None:
-        bundle.attempts += 1
+        self.attempts.update(bundle.keys)
+        bundle.attempts = max(self.attempts[k] for k in bundle.keys)
         self.summary.failures.append(f"bundle {bundle.id} ({len(bundle.keys)} tasks): {reason}")
         if bundle.attempts > self.cfg.max_retries:
             raise BundleFailedError(bundle.keys, bundle.attempts, reason)

@@ -25,10 +25,15 @@ from datavine.config import ManagerConfig, RunConfig
 from datavine.environment import (
     MANAGER_TUNES,
     PackedEnv,
-    declare_environment,
+    declare_environment_files,
     use_environment,
 )
-from datavine.errors import LibraryFailedError, NoWorkersError, TaskvineMissingError
+from datavine.errors import (
+    EnvironmentStageError,
+    LibraryFailedError,
+    NoWorkersError,
+    TaskvineMissingError,
+)
 from datavine.execution import GraphRun
 from datavine.memory import MemoryState
 from datavine.shards import ShardHealth
@@ -39,6 +44,7 @@ from datavine.topology import Topology
 LIBRARY_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "NUMBA_NUM_THREADS": "1"}
 STATUS_EVERY_S = 2.0
+ENV_STAGE_S = 300.0  # beyond no_worker_timeout_s: one worker fetching a large tarball
 
 
 def import_taskvine() -> Any:
@@ -81,10 +87,11 @@ class Runtime:
         self._library_hook = library_hook
         self.environment = environment
         self._env_file: Any = None
+        self._env_tarball: Any = None
         if environment is not None:
             for name, value in MANAGER_TUNES.items():
                 self._m.tune(name, value)
-            self._env_file = declare_environment(self._m, environment)
+            self._env_tarball, self._env_file = declare_environment_files(self._m, environment)
         self.liveness = liveness
         self._library: str | None = None
         self.costs = CostModel()
@@ -143,12 +150,40 @@ class Runtime:
             for var, value in LIBRARY_ENV.items():
                 lib.set_env_var(var, value)
             if self._env_file is not None:
+                self._stage_environment()
                 use_environment(lib, self._env_file)
             if self._library_hook:
                 self._library_hook(lib)
             self._m.install_library(lib)
             self._library = name
         return self._library
+
+    def _stage_environment(self) -> None:
+        """Have one worker hold the environment's tarball before the library goes out.
+
+        TaskVine counts a file it sent as stored before the worker has stored it; workers
+        that fetch it from that peer too early fail, and one re-dispatched within the
+        ``transient-error-interval`` gets a second copy from the manager. Staging first
+        makes every later worker fetch from a peer (manager egress ~1x the tarball)."""
+        task = self.vine.Task("test -s env.tarball")
+        task.add_input(self._env_tarball, "env.tarball")
+        task.set_cores(1)
+        self._m.submit(task)
+        limit = self.run_config.no_worker_timeout_s + ENV_STAGE_S
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            done = self._m.wait(1)
+            if done is not None and done.id == task.id:
+                if not done.successful():
+                    where = self.environment.path if self.environment else "?"
+                    raise EnvironmentStageError(
+                        f"staging the environment {where} on a worker failed: "
+                        f"{done.result_string} (exit {done.exit_code})")
+                return
+        self._m.cancel_by_task_id(task.id)
+        raise EnvironmentStageError(
+            f"no worker received the environment tarball within {limit:.0f} s "
+            f"({self.connected_workers()} workers connected to port {self.port})")
 
     def dumps(self, spec: dict[str, Any]) -> bytes:
         """A bundle as bytes: the library unpickles it itself and reports what fails."""
