@@ -193,31 +193,27 @@ def run_rounds(chunks: list[agc.Chunk], args: argparse.Namespace
                ) -> dict[str, list[common.PeerResult]]:
     """Each peer's ``--repeat`` runs, checked against the plain loop's result.
 
-    The plain loop runs first (its result is the reference). distributed runs alone: its
+    All peers but distributed are started at once, then run in rounds of one run each, the
+    plain loop first (its first result is the reference), so that load from elsewhere on
+    the machine falls on every peer alike. distributed runs alone, after them: its
     scheduler's event loop is a thread of this process, and an idle one slowed datavine
-    here by ~25% (GIL hand-offs in the manager loop). All other peers are started at once,
-    then run in rounds of one run each, so that load from elsewhere on the machine falls
-    on every peer alike.
+    here by ~25% (TaskVine's ``Manager.wait`` holds the GIL; hand-offs cost).
     """
     events = sum(c.entry_stop - c.entry_start for c in chunks)
     runs: dict[str, list[common.PeerResult]] = {p: [] for p in args.peers}
     reference: agc.ChunkResult | None = None
-    if "plain_loop" in args.peers:
-        compute, note = open_peer("plain_loop", args, contextlib.ExitStack())
-        for _ in range(args.repeat):
-            result, value = timed_run("plain_loop", lambda: compute(chunks), events, None, note)
-            runs["plain_loop"].append(result)
-            reference = reference or (value if result.ok else None)
+    together = sorted((p for p in args.peers if p not in ISOLATED), key=lambda p: p != "plain_loop")
     alone = [p for p in args.peers if p in ISOLATED]
-    together = [p for p in args.peers if p not in ISOLATED and p != "plain_loop"]
-    for group in [[p] for p in alone] + [together]:
+    for group in [together] + [[p] for p in alone]:
         with contextlib.ExitStack() as stack:
             peers = {p: open_peer(p, args, stack) for p in group}
             for _ in range(args.repeat):
                 for peer, (compute, note) in peers.items():
-                    result, _ = timed_run(peer, lambda c=compute: c(chunks), events,
-                                          reference, note)
+                    result, value = timed_run(peer, lambda c=compute: c(chunks), events,
+                                              reference, note)
                     runs[peer].append(result)
+                    if peer == "plain_loop" and reference is None and result.ok:
+                        reference = value
     return runs
 
 
