@@ -19,6 +19,7 @@ from pathlib import Path
 from datavine.binaries import vine_binary
 from datavine.config import LocalWorkersConfig
 from datavine.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_of, worker_feature
+from datavine.xcache.reader import XRD_CLIENT_ENV
 
 STOP_GRACE_S = 5.0
 
@@ -57,7 +58,7 @@ def worker_labels(index: int, cfg: LocalWorkersConfig) -> tuple[tuple[str, ...],
 
 def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for workers: this interpreter first on PATH, single-threaded BLAS."""
-    env = dict(os.environ)
+    env = {**XRD_CLIENT_ENV, **os.environ}  # fast XRootD failover in tasks, user values win
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
     env.update(extra or {})
