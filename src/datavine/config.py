@@ -68,7 +68,9 @@ class RunConfig:
         max_bundle_tasks: most dask tasks sent to a worker in one function call.
         target_bundle_s: bundle size aims at this much work, from measured task durations.
         bundles_per_slot: bundles kept submitted per worker core, to keep workers busy.
-        wait_s: the manager's wait quantum; results are handled as soon as they arrive.
+        wait_s: the longest the manager waits for a result in one loop turn (whole seconds,
+            >= 1: TaskVine's wait takes whole seconds and does nothing with 0); a result is
+            handled as soon as it arrives.
         progress: show a rich progress bar on the terminal.
         memory: memory caps per task category (:class:`~datavine.memory.MemoryPolicy`);
             every bundle runs in a forked child under its cap, so an overrun (or a crash)
@@ -90,7 +92,7 @@ class RunConfig:
     max_bundle_tasks: int = 512
     target_bundle_s: float = 0.25
     bundles_per_slot: int = 2
-    wait_s: float = 0.5
+    wait_s: float = 1.0
     progress: bool = False
     memory: MemoryPolicy | None = field(default_factory=MemoryPolicy)
     placement: PlacementPolicy | None = field(default_factory=PlacementPolicy)
@@ -103,7 +105,9 @@ class RunConfig:
         for name in ("max_bundle_tasks", "bundles_per_slot"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("no_worker_timeout_s", "target_bundle_s", "wait_s"):
+        if self.wait_s < 1:
+            raise ConfigError(f"RunConfig.wait_s must be >= 1 (whole seconds), got {self.wait_s}")
+        for name in ("no_worker_timeout_s", "target_bundle_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"RunConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_retries < 0:

@@ -91,7 +91,7 @@ class GraphRun:
                         self._refresh(now)
                         last_refresh = now
                     self._submit(library, now)
-                    task = self.m.wait(1)
+                    task = self.m.wait(int(self.cfg.wait_s))
                     if task is not None:
                         self._handle(task)
                     now = time.monotonic()
