@@ -63,6 +63,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[datavine.Local
         yield c
 
 
+def whoami(i: int) -> tuple[int, int]:
+    return os.getpid(), os.getppid()
+
+
 def smalls(n: int) -> list[Any]:
     return [delayed(small)(i) for i in range(n)]
 
@@ -79,6 +83,17 @@ def assert_still_serving(cluster: datavine.LocalCluster, pids: set[int]) -> None
     assert cluster.workers is not None and cluster.workers.alive() == 1
     assert cluster.runtime is not None and cluster.runtime.connected_workers() == 1
     assert cluster.runtime.library_failures() == []
+
+
+def test_capped_bundles_share_one_warm_child_of_the_library(
+        cluster: datavine.LocalCluster) -> None:
+    """Bundles run one after another in one long-lived child (its heap stays warm), not in
+    the library itself and not in a new process each."""
+    (got,) = dask.compute([delayed(whoami)(i) for i in range(12)], scheduler=cluster.get)
+    assert cluster.last_summary.bundles == 12  # max_bundle_tasks=1: one call per task
+    assert len(set(got)) == 1
+    ((child, library),) = set(got)
+    assert child != library
 
 
 @dataclass

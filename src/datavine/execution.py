@@ -198,12 +198,10 @@ class GraphRun:
             "inputs": {k: self.values[k] for k in bundle.inputs},
             "outputs": sorted(bundle.outputs, key=self.graph.priority.__getitem__),
             "categories": categories,
-            "cap_mb": cap_mb,
-            "preload": self.preload,
             "shardmap": self.cfg.shardmap,
         }
         call = self.rt.vine.FunctionCall(self.rt.ensure_library(), "run_bundle",
-                                         self.rt.dumps(spec))
+                                         self.rt.dumps(spec), cap_mb, self.preload)
         call.set_cores(1)
         for feature in target.features():
             call.add_feature(feature)

@@ -10,6 +10,10 @@ pages (``baseline_mb``): a cap reads "the process would show this RSS", as ``ps`
 TaskVine's resource monitor count it. A call that passes its cap and ends between two polls
 keeps its result; ``peak_mb > cap_mb`` tells, and :mod:`datavine.memory` learns from it.
 
+:func:`run_capped` forks a child per call; the library keeps one child for many calls
+(:mod:`datavine.capped_child`), which shares the watching, the frame protocol (one frame per
+call, child to parent) and the child's first steps defined here.
+
 Fork safety (only the forking thread survives in the child):
 * No other thread may hold a lock at the fork (it would stay locked in the child): run the
   library with ``OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1`` (``runtime.LIBRARY_ENV``).
@@ -45,8 +49,11 @@ import cloudpickle
 from datavine.errors import DatavineError
 
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
-_FRAME = struct.Struct("!BQQ")  # kind (value or exception), traceback bytes, pickle bytes
+# One frame per call, child to parent: kind (value or exception), flags, the child's own peak
+# RSS in kB during the call (0: not measured), traceback bytes, pickle bytes.
+FRAME = struct.Struct("!BBQQQ")
 _VALUE, _EXCEPTION = 0, 1
+LEFT_BEHIND = 1  # flag: the call left processes running (a long-lived child is replaced)
 _PIPE_BYTES = 1 << 20  # fewer wake-ups for large results; capped by /proc/sys/fs/pipe-max-size
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _GONE = os.WEXITED | os.WNOHANG | os.WNOWAIT  # has it exited? (it stays a zombie)
@@ -85,16 +92,13 @@ def run_capped(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     process group (a ``/proc`` scan) every ``scan_every_s``, or more rarely when a scan is
     slow (keeping it under ~5% of a core). Never raises for what happens in the child; an
     exception in the parent (KeyboardInterrupt) kills the child and propagates."""
-    global _prctl
-    if _prctl is None:
-        _prctl = getattr(__import__("ctypes").CDLL(None), "prctl", False)
-    _flush_stdio()  # or the child would write the parent's buffered output a second time
+    prepare_fork()
     started = time.perf_counter()
     parent = os.getpid()
-    baseline_kb = _statm_kb(f"/proc/{parent}/statm")
+    baseline_kb = statm_kb(f"/proc/{parent}/statm")
     r, w = os.pipe()  # not inheritable: exec'd grandchildren do not keep it open
     with contextlib.suppress(OSError):
-        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_BYTES)
+        set_pipe_size(w)
     gc.freeze()  # the child's collections then skip the library's objects: no mass COW copy
     pid = os.fork()
     if pid == 0:
@@ -104,18 +108,18 @@ def run_capped(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     os.close(w)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # the child does the same: whoever runs first makes the group
-    watch = _Watch(pid, cap_mb, scan_every_s)
+    watch = Watch(pid, cap_mb, scan_every_s)
     try:
-        frame = _collect(r, watch, poll_s)
+        frame = collect(r, watch, poll_s)
     except BaseException:
-        _kill(pid)
+        kill_group(pid)
         raise
     finally:
         os.close(r)
-        status, maxrss_kb = _reap(pid)
+        status, maxrss_kb = reap(pid)
     peak_mb = max(watch.peak_kb, maxrss_kb) / 1024.0
-    outcome = _failed(f"killed after exceeding its memory cap: {peak_mb:.0f} MB > {cap_mb:.0f} "
-                      "MB") if watch.exceeded else _decode(frame, status)
+    outcome = failed(f"killed after exceeding its memory cap: {peak_mb:.0f} MB > {cap_mb:.0f} "
+                      "MB") if watch.exceeded else decode(frame, status)
     return CappedResult(*outcome, peak_mb=peak_mb, exceeded=watch.exceeded, cap_mb=cap_mb,
                         wall_s=time.perf_counter() - started, baseline_mb=baseline_kb / 1024.0,
                         signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
@@ -132,8 +136,30 @@ def measure_peak(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     return value, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def prepare_fork() -> None:
+    """Before a fork: load libc's prctl here (the child would pay for it), flush stdio (or the
+    child would write the parent's buffered output a second time)."""
+    global _prctl
+    if _prctl is None:
+        _prctl = getattr(__import__("ctypes").CDLL(None), "prctl", False)
+    flush_stdio()
+
+
+def set_pipe_size(fd: int) -> None:
+    """Larger pipe buffers: fewer wake-ups for large results (OSError where refused)."""
+    fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+
+
+def exited(pid: int) -> bool:
+    """Whether our child ``pid`` has exited (it stays a zombie until reaped)."""
+    try:
+        return os.waitid(os.P_PID, pid, _GONE) is not None
+    except ChildProcessError:
+        return True
+
+
 # --- parent side ------------------------------------------------------------------------------
-class _Watch:
+class Watch:
     """RSS of the child's process group: the child every poll, the others every scan."""
 
     def __init__(self, pid: int, cap_mb: float | None, scan_every_s: float) -> None:
@@ -145,7 +171,7 @@ class _Watch:
         self.exceeded = False
 
     def over_cap(self) -> bool:
-        own = _statm_kb(f"/proc/{self.pid}/statm")
+        own = statm_kb(f"/proc/{self.pid}/statm")
         now = time.monotonic()
         if now >= self.next_scan:
             self.others_kb = _group_rss_kb(self.pid)
@@ -156,7 +182,7 @@ class _Watch:
         return self.exceeded
 
 
-def _collect(r: int, watch: _Watch, poll_s: float) -> bytearray:
+def collect(r: int, watch: Watch, poll_s: float) -> bytearray:
     """Read the child's frame (into a buffer of its size) while checking its memory every
     ``poll_s``. Returns what arrived: empty when the child was killed for its memory."""
     frame, pos = bytearray(), 0
@@ -166,12 +192,12 @@ def _collect(r: int, watch: _Watch, poll_s: float) -> bytearray:
     while True:
         if poller.poll(max(0.0, next_check - time.monotonic()) * 1000.0):
             if not frame:  # the header: written at once, and pipes keep small writes whole
-                head = os.read(r, _FRAME.size)
-                if len(head) < _FRAME.size:
+                head = os.read(r, FRAME.size)
+                if len(head) < FRAME.size:
                     return frame
-                _, tb_len, blob_len = _FRAME.unpack(head)
-                frame = bytearray(_FRAME.size + tb_len + blob_len)
-                frame[:_FRAME.size], got = head, _FRAME.size
+                *_, tb_len, blob_len = FRAME.unpack(head)
+                frame = bytearray(FRAME.size + tb_len + blob_len)
+                frame[:FRAME.size], got = head, FRAME.size
             else:
                 got = os.readv(r, [memoryview(frame)[pos:]])
             pos += got
@@ -182,7 +208,7 @@ def _collect(r: int, watch: _Watch, poll_s: float) -> bytearray:
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + poll_s
             if watch.over_cap():
-                _kill(watch.pid)
+                kill_group(watch.pid)
                 return bytearray()
             if not poller.poll(0) and os.waitid(os.P_PID, watch.pid, _GONE) is not None:
                 return frame[:pos]  # it is gone and a forked descendant holds the pipe
@@ -191,31 +217,54 @@ def _collect(r: int, watch: _Watch, poll_s: float) -> bytearray:
 Outcome = tuple[bool, Any, BaseException | None, str | None]  # ok, value, error, traceback
 
 
-def _decode(frame: bytearray, status: int) -> Outcome:
+def frame_complete(frame: bytearray) -> bool:
+    """Whether ``frame`` holds a whole frame (header and both parts)."""
+    if len(frame) < FRAME.size:
+        return False
+    *_, tb_len, blob_len = FRAME.unpack_from(frame)
+    return len(frame) == FRAME.size + tb_len + blob_len
+
+
+def frame_header(frame: bytearray) -> tuple[int, int]:
+    """(flags, the child's peak RSS in kB) of a whole frame; (0, 0) for a partial one."""
+    if not frame_complete(frame):
+        return 0, 0
+    _, flags, hwm_kb, _, _ = FRAME.unpack_from(frame)
+    return flags, hwm_kb
+
+
+def decode_frame(frame: bytearray) -> Outcome | None:
+    """The outcome told by a whole frame; None for a partial one."""
+    if not frame_complete(frame):
+        return None
+    kind, _, _, tb_len, _ = FRAME.unpack_from(frame)
+    tb = frame[FRAME.size:FRAME.size + tb_len].decode(errors="replace") or None
+    try:
+        obj = cloudpickle.loads(memoryview(frame)[FRAME.size + tb_len:])
+    except Exception as exc:
+        what = "result" if kind == _VALUE else "exception"
+        return failed(f"the call's {what} could not be unpickled: {exc!r}", tb)
+    return (True, obj, None, None) if kind == _VALUE else (False, None, obj, tb)
+
+
+def decode(frame: bytearray, status: int) -> Outcome:
     """The outcome told by the child's frame, or else by its exit status."""
-    if len(frame) >= _FRAME.size:
-        kind, tb_len, blob_len = _FRAME.unpack_from(frame)
-        if len(frame) == _FRAME.size + tb_len + blob_len:
-            tb = frame[_FRAME.size:_FRAME.size + tb_len].decode(errors="replace") or None
-            try:
-                obj = cloudpickle.loads(memoryview(frame)[_FRAME.size + tb_len:])
-            except Exception as exc:
-                what = "result" if kind == _VALUE else "exception"
-                return _failed(f"the call's {what} could not be unpickled: {exc!r}", tb)
-            return (True, obj, None, None) if kind == _VALUE else (False, None, obj, tb)
+    outcome = decode_frame(frame)
+    if outcome is not None:
+        return outcome
     if os.WIFSIGNALED(status):
         sig = signal.Signals(os.WTERMSIG(status))
         oom = " (out of memory? the kernel's OOM killer sends SIGKILL)" * (sig == signal.SIGKILL)
-        return _failed(f"the call's process was killed by {sig.name}{oom}")
-    return _failed(f"the call's process exited with status {os.waitstatus_to_exitcode(status)} "
-                   "without sending a result")
+        return failed(f"the call's process was killed by {sig.name}{oom}")
+    return failed(f"the call's process exited with status {os.waitstatus_to_exitcode(status)} "
+                  "without sending a result")
 
 
-def _failed(message: str, tb: str | None = None) -> Outcome:
+def failed(message: str, tb: str | None = None) -> Outcome:
     return False, None, ChildFailedError(message), tb
 
 
-def _kill(pid: int) -> None:
+def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:  # no group yet: the child alone
@@ -223,12 +272,12 @@ def _kill(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _reap(pid: int) -> tuple[int, int]:
+def reap(pid: int) -> tuple[int, int]:
     """Wait for the child, kill what is left of its group (descendants the call left
     behind), reap it: (status, ru_maxrss kB). Reaped last, the zombie child keeps its pid
     (the group's id) from being taken by an unrelated process while the group is killed."""
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # retried on EINTR by Python
-    _kill(pid)
+    kill_group(pid)
     _, status, usage = os.wait4(pid, 0)
     return status, usage.ru_maxrss
 
@@ -246,7 +295,7 @@ def _group_rss_kb(pgid: int) -> int:
     return total
 
 
-def _statm_kb(path: str) -> int:
+def statm_kb(path: str) -> int:
     try:
         with open(path, "rb") as f:
             return int(f.read().split()[1]) * _PAGE_KB
@@ -254,34 +303,73 @@ def _statm_kb(path: str) -> int:
         return 0  # it exited meanwhile
 
 
-def _flush_stdio() -> None:
+def flush_stdio() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, OSError, ValueError):
             stream.flush()
 
 
 # --- child side -------------------------------------------------------------------------------
+def enter_child(parent: int) -> bool:
+    """First steps in a forked child: its own process group, death with the parent's forking
+    thread, the default SIGCHLD. False when the parent is already gone."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    if _prctl:
+        _prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the line above
+        return False
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    with contextlib.suppress(Exception):
+        import faulthandler  # a crash is the parent's to report, not the child's to print
+
+        faulthandler.disable()
+    return True
+
+
+def answer(w: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+           after: Callable[[], tuple[int, int]] | None = None) -> None:
+    """Run the call and write its frame to ``w``; ``after()`` gives (flags, peak kB)."""
+    try:
+        kind, tb, blob = _VALUE, b"", _dumps(fn(*args, **kwargs))
+    except BaseException as exc:
+        tb = "".join(traceback.format_exception(exc)).encode(errors="replace")
+        kind, blob = _EXCEPTION, _dumps(exc)
+    flags, hwm_kb = after() if after is not None else (0, 0)
+    for part in (FRAME.pack(kind, flags, hwm_kb, len(tb), len(blob)), tb, blob):
+        view = memoryview(part)
+        while view:
+            view = view[os.write(w, view):]
+    flush_stdio()
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented here rather than to init (PR_SET_CHILD_SUBREAPER),
+    so that :func:`reap_descendants` sees the processes a call left behind."""
+    if _prctl:
+        _prctl(36, 1, 0, 0, 0)
+
+
+def reap_descendants() -> bool:
+    """Reap the exited children of this process; True when some are still running."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    with contextlib.suppress(OSError):
+        for task in os.scandir("/proc/self/task"):
+            with open(f"{task.path}/children", "rb") as f:
+                if f.read().strip():
+                    return True
+    return False
+
+
 def _child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], w: int,
            parent: int) -> NoReturn:
     """Run the call and send one frame; never returns into the caller's code."""
     code = 70  # unless the frame is sent
     try:
-        with contextlib.suppress(OSError):
-            os.setpgid(0, 0)
-        if _prctl:
-            _prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() == parent:  # else the parent died before the line above
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            try:
-                kind, tb, blob = _VALUE, b"", _dumps(fn(*args, **kwargs))
-            except BaseException as exc:
-                tb = "".join(traceback.format_exception(exc)).encode(errors="replace")
-                kind, blob = _EXCEPTION, _dumps(exc)
-            for part in (_FRAME.pack(kind, len(tb), len(blob)), tb, blob):
-                view = memoryview(part)
-                while view:
-                    view = view[os.write(w, view):]
-            _flush_stdio()
+        if enter_child(parent):
+            answer(w, fn, args, kwargs)
             code = 0
     finally:
         os._exit(code)

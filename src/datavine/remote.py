@@ -2,7 +2,8 @@
 
 A bundle is a topologically ordered list of dask task-spec nodes plus the values of the
 keys it needs from outside. It runs in the library process itself (TaskVine's 'direct'
-mode: no fork per call, no 5 s reaping stall), or in a forked child under a memory cap.
+mode: no fork per call, no 5 s reaping stall), or under a memory cap in a long-lived child
+that the library forks (:mod:`datavine.capped_child`).
 The function never raises: it returns a plain dict that says what happened, so a failure
 names the dask key and carries the remote traceback back to the manager.
 
@@ -33,29 +34,24 @@ STATUS_INPUT = "input"  # an OSError while a file read through a shard was open:
 DIRECT_SERVERS = ("local", "direct", "origin")
 
 
-def run_bundle(payload: bytes) -> dict[str, Any]:
+def run_bundle(payload: bytes, cap_mb: float | None = None,
+               preload: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run one bundle; the entry point registered in the TaskVine library.
 
     ``payload`` is the cloudpickled spec: ``nodes`` ([(key, node)] in execution order),
     ``inputs`` ({key: value}), ``outputs`` (keys to send back), ``categories`` ({key:
-    category}), ``cap_mb`` (memory cap for the whole bundle, or None), ``preload`` (modules
-    to import into the library first) and ``shardmap`` (for :mod:`datavine.reading`).
-    The spec is unpickled here, not by TaskVine, so that a task that cannot be loaded on
-    this worker is reported instead of killing the library.
+    category}) and ``shardmap`` (for :mod:`datavine.reading`). ``cap_mb``: the memory cap of
+    the whole bundle, or None to run it here, in the library process. ``preload``: modules to
+    import into the library first, so that the children it forks find them loaded.
+    Capped bundles run one after another in one long-lived child
+    (:class:`datavine.capped_child.CappedChild`), replaced when a bundle overruns its cap or
+    crashes. The spec is unpickled where it runs, not by TaskVine, so that a task that cannot
+    be loaded on this worker is reported instead of killing the library.
     """
     started = time.perf_counter()
-    try:
-        spec = cloudpickle.loads(payload)
-    except BaseException as exc:
-        result = _result(STATUS_LOAD, message=f"{type(exc).__name__}: {exc}",
-                         traceback=traceback.format_exc())
-        return _stamp(result, started)
-    _preload(spec.get("preload", ()))
-    cap_mb = spec.get("cap_mb")
+    _preload(preload)
     if cap_mb:
-        from datavine.memcap import run_capped
-
-        capped = run_capped(execute_bundle, (spec,), cap_mb=cap_mb)
+        capped = _capped_child().run(execute_payload, (payload,), cap_mb=cap_mb)
         if capped.exceeded:
             result = _result(STATUS_MEMORY, message=f"exceeded its memory cap of {cap_mb:.0f} MB")
         elif capped.ok:
@@ -67,12 +63,35 @@ def run_bundle(payload: bytes) -> dict[str, Any]:
         result["peak_mb"] = capped.peak_mb
         result["cap_mb"] = cap_mb
         _learn_shard_failures(result.get("reads", ()))
-        if result.get("status") == STATUS_INPUT:  # the child's health died with it
+        if result.get("status") == STATUS_INPUT:  # a child's health dies with it
             shard_health().mark_failed(result["server"], time.monotonic())
     else:
-        result = execute_bundle(spec)
+        result = execute_payload(payload)
         result["peak_mb"] = _peak_rss_mb()
     return _stamp(result, started)
+
+
+def execute_payload(payload: bytes) -> dict[str, Any]:
+    """Unpickle a bundle's spec and execute it (see :func:`run_bundle`)."""
+    try:
+        spec = cloudpickle.loads(payload)
+    except BaseException as exc:
+        return _result(STATUS_LOAD, message=f"{type(exc).__name__}: {exc}",
+                       traceback=traceback.format_exc())
+    return execute_bundle(spec)
+
+
+_CHILD: Any = None  # the library's CappedChild, made on the first capped bundle
+_PRELOADED: set[str] = set()
+
+
+def _capped_child() -> Any:
+    global _CHILD
+    if _CHILD is None:
+        from datavine.capped_child import CappedChild
+
+        _CHILD = CappedChild()
+    return _CHILD
 
 
 def _stamp(result: dict[str, Any], started: float) -> dict[str, Any]:
@@ -84,8 +103,11 @@ def _stamp(result: dict[str, Any], started: float) -> dict[str, Any]:
 
 
 def _preload(modules: Any) -> None:
-    """Import the graph's modules here, once, so that forked bundles find them loaded."""
+    """Import the graph's modules here, once, so that forked children find them loaded."""
     for name in modules:
+        if name in _PRELOADED:
+            continue
+        _PRELOADED.add(name)
         try:
             importlib.import_module(name)
         except Exception:  # the task itself reports what is missing

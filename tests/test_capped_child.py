@@ -1,0 +1,165 @@
+"""``capped_child``: one long-lived child, real allocations, real kills, real signals.
+
+Caps are set above the child's own RSS (it starts as a fork of this test process), so
+"``cap`` MB over the idle child" is what a call may add before it is killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import psutil
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from datavine.capped_child import CappedChild, needs_fresh_child
+from datavine.memcap import ChildFailedError
+
+MB = 2**20
+
+
+def allocate(mb: int, hold_s: float = 0.0) -> int:
+    block = np.ones(mb * MB // 8)  # ones, not zeros: every page is touched
+    time.sleep(hold_s)
+    return int(block.sum()) * 8 // MB
+
+
+def keep(mb: int) -> int:
+    """Leak ``mb`` MB in the calling process: how many blocks it now holds. (Held on ``sys``:
+    a function of a test module may travel by value, with globals of its own.)"""
+    kept = sys.__dict__.setdefault("_capped_child_test_kept", [])
+    kept.append(np.ones(mb * MB // 8))
+    return len(kept)
+
+
+def whoami() -> tuple[int, int]:
+    return os.getpid(), os.getppid()
+
+
+def leave_a_process_behind() -> int:
+    return subprocess.Popen(["sleep", "60"]).pid
+
+
+@pytest.fixture
+def child() -> Iterator[CappedChild]:
+    with CappedChild() as c:
+        yield c
+    assert c.pid is None
+
+
+def idle_mb(child: CappedChild) -> float:
+    """The child's resident MB between calls (starting one first)."""
+    child.run(int, cap_mb=None)
+    assert child.pid is not None
+    return psutil.Process(child.pid).memory_info().rss / MB
+
+
+def test_calls_run_one_after_another_in_the_same_child(child: CappedChild) -> None:
+    results = [child.run(whoami, cap_mb=idle_mb(child) + 200) for _ in range(20)]
+    assert all(r.ok and not r.exceeded for r in results)
+    pids = {r.value for r in results}
+    assert pids == {(child.pid, os.getpid())}  # one child, forked by this process
+    assert child.started == 1
+
+
+def test_a_call_over_its_cap_is_killed_and_the_next_call_gets_a_new_child(
+        child: CappedChild) -> None:
+    cap = idle_mb(child) + 100
+    first_pid = child.pid
+    over = child.run(allocate, (300, 5.0), cap_mb=cap)
+    assert over.exceeded and not over.ok and over.value is None
+    assert isinstance(over.error, ChildFailedError) and "memory cap" in str(over.error)
+    assert over.peak_mb >= cap and over.cap_mb == cap and over.signal == signal.SIGKILL
+    assert over.wall_s < 3.0  # killed while it held the memory, not after its 5 s
+    assert first_pid is not None and not psutil.pid_exists(first_pid)
+    fits = child.run(allocate, (50,), cap_mb=cap)
+    assert fits.ok and fits.value == 50 and child.pid not in (None, first_pid)
+    assert child.started == 2
+
+
+def test_each_call_reports_its_own_peak_not_an_earlier_calls(child: CappedChild) -> None:
+    cap = idle_mb(child) + 1000
+    big = child.run(allocate, (400,), cap_mb=cap)
+    small = child.run(allocate, (10,), cap_mb=cap)
+    assert big.ok and small.ok and child.started == 1
+    assert big.peak_mb >= big.baseline_mb + 380  # the call's 400 MB, even between two polls
+    assert small.peak_mb < big.peak_mb - 300  # the peak mark was reset between the calls
+
+
+def test_exceptions_come_back_with_their_traceback_and_the_child_stays(
+        child: CappedChild) -> None:
+    cap = idle_mb(child) + 200
+    pid = child.pid
+    result = child.run(int, ("not a number",), cap_mb=cap)
+    assert not result.ok and isinstance(result.error, ValueError)
+    assert result.traceback is not None and "ValueError" in result.traceback
+    assert child.pid == pid  # an exception is the call's business: the child serves on
+
+
+def test_a_crash_is_reported_and_the_next_call_runs(child: CappedChild) -> None:
+    cap = idle_mb(child) + 200
+    crashed = child.run(ctypes.string_at, (0,), cap_mb=cap)
+    assert not crashed.ok and crashed.signal == signal.SIGSEGV
+    assert "SIGSEGV" in str(crashed.error)
+    assert child.run(whoami, cap_mb=cap).ok and child.started == 2
+
+
+def test_processes_left_behind_are_killed_and_the_child_replaced(child: CappedChild) -> None:
+    cap = idle_mb(child) + 200
+    result = child.run(leave_a_process_behind, cap_mb=cap)
+    assert result.ok
+    assert child.pid is None  # replaced before the next call
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(result.value) and time.monotonic() < deadline:
+        if psutil.Process(result.value).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.05)
+    assert (not psutil.pid_exists(result.value)
+            or psutil.Process(result.value).status() == psutil.STATUS_ZOMBIE)
+
+
+def test_a_child_holding_half_its_next_cap_is_replaced(child: CappedChild) -> None:
+    base = idle_mb(child)
+    assert child.run(keep, (300,), cap_mb=base + 1000).value == 1  # now idles at ~base + 300
+    first_pid = child.pid
+    again = child.run(keep, (10,), cap_mb=(base + 300) * 1.5)
+    assert again.ok and again.value == 1  # a new child: it does not hold the first 300 MB
+    assert child.pid != first_pid and child.started == 2
+
+
+def test_a_child_that_died_between_calls_costs_no_call(child: CappedChild) -> None:
+    cap = idle_mb(child) + 200
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    time.sleep(0.1)
+    result = child.run(whoami, cap_mb=cap)
+    assert result.ok and result.value[0] == child.pid and child.started == 2
+
+
+def test_close_leaves_no_process() -> None:
+    c = CappedChild()
+    c.run(whoami, cap_mb=None)
+    pid = c.pid
+    c.close()
+    assert pid is not None and not psutil.pid_exists(pid)
+
+
+@given(alive=st.booleans(), idle=st.floats(0, 1e5), cap=st.none() | st.floats(1, 1e5),
+       fraction=st.floats(0.1, 1.0))
+def test_needs_fresh_child(alive: bool, idle: float, cap: float | None,
+                           fraction: float) -> None:
+    fresh = needs_fresh_child(alive, idle, cap, fraction)
+    if not alive:
+        assert fresh
+    elif cap is None:
+        assert not fresh  # nothing to protect
+    else:
+        assert fresh == (idle > fraction * cap)
