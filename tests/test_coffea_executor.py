@@ -35,6 +35,7 @@ from datavine.coffea import (
 )
 from datavine.coffea.executor import build_graph, unwrap_automatic_retries
 from datavine.coffea.tasks import ItemPolicy
+from datavine.reading import is_input_error
 from datavine.samples import coffea_sample
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -392,6 +393,31 @@ def test_classify_follows_context_and_messages() -> None:
     assert classify(quoted, True).bad_file
     assert not classify(ValueError("a bug in the analysis"), True).bad_file
     assert classify(ValueError("a bug in the analysis"), True).retryable
+
+
+def raised_in(filename: str, exc: BaseException) -> BaseException:
+    """``exc`` as raised by a function whose code lives in ``filename``."""
+    namespace: dict[str, Any] = {}
+    exec(compile("def read(exc):\n    raise exc\n", filename, "exec"), namespace)
+    try:
+        namespace["read"](exc)
+    except BaseException as raised:
+        return raised
+    raise AssertionError("not raised")
+
+
+def test_a_closed_handle_in_the_xrootd_client_is_an_xrootd_error() -> None:
+    """fsspec-xrootd caches open handles; once their server is gone, a long-lived worker gets
+    ``ValueError: I/O operation on closed file`` from inside the XRootD client."""
+    client = "/venv/lib/python3.11/site-packages/XRootD/client/file.py"
+    stale = raised_in(client, ValueError("I/O operation on closed file"))
+    wrapped = Exception("Failed to open file")
+    wrapped.__cause__ = stale
+    assert is_input_error(stale) and not is_input_error(wrapped)
+    assert classify(wrapped, True).bad_file and classify(wrapped, True).reason == "xrootd"
+    assert classify(wrapped, (OSError,)).bad_file
+    bug = raised_in("/work/analysis/processor.py", ValueError("I/O operation on closed file"))
+    assert not is_input_error(bug) and not classify(bug, True).bad_file
 
 
 def test_classify_corrupt_data_is_bad_and_not_retryable() -> None:

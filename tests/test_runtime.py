@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import os
 import threading
 import time
 from pathlib import Path
@@ -138,3 +139,24 @@ def test_run_timeout_is_reported(tmp_path: Path) -> None:
         with pytest.raises(datavine.RunTimeoutError, match=r"RunConfig\.timeout_s"):
             delayed(time.sleep)(30).compute(scheduler=c.get)
         assert time.monotonic() - start < 10
+
+
+def library_pid(i: int) -> int:
+    return os.getpid()
+
+
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_the_cluster_starts_the_library_on_every_worker_before_the_first_run(
+        tmp_path: Path, warm_up: bool) -> None:
+    """Pools are pre-started so that runs do not wait: LocalCluster also starts the library
+    (one per worker core) before returning, and the first run's bundles use those."""
+    cfg = datavine.ManagerConfig(run_dir=tmp_path)
+    run = datavine.RunConfig(memory=None)  # bundles run in the library process itself
+    with datavine.LocalCluster(workers=2, cores=1, manager=cfg, run=run, warm_up=warm_up) as c:
+        warm = c.warm_libraries
+        (pids,) = dask.compute([delayed(library_pid)(i) for i in range(8)], scheduler=c.get)
+    if warm_up:
+        assert {worker for worker, _ in warm} == {"local-0", "local-1"}
+        assert set(pids) <= {pid for _, pid in warm}
+    else:
+        assert warm == set() and len(set(pids)) >= 1

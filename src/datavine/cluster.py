@@ -21,7 +21,7 @@ from typing import Any
 from datavine.config import LocalWorkersConfig, ManagerConfig, RunConfig
 from datavine.environment import PackedEnv
 from datavine.labels import rack_of
-from datavine.local_workers import LocalWorkers
+from datavine.local_workers import LocalWorkers, local_worker_id
 from datavine.runtime import Runtime
 
 
@@ -114,10 +114,13 @@ class LocalCluster(Cluster):
                  features: tuple[str, ...] = (), racks: tuple[str, ...] = (),
                  manager: ManagerConfig | None = None,
                  run: RunConfig | None = None, connect_timeout_s: float = 60.0,
-                 environment: PackedEnv | None = None, **run_options: Any) -> None:
+                 environment: PackedEnv | None = None, warm_up: bool = True,
+                 **run_options: Any) -> None:
         run = (run or RunConfig()).replace(**run_options) if run_options else run
         super().__init__(manager, run, min_workers=workers, connect_timeout_s=connect_timeout_s,
                          environment=environment)
+        self.warm_up = warm_up
+        self.warm_libraries: set[tuple[str, int]] = set()  # (worker id, library PID)
         self.workers_config = LocalWorkersConfig(workers=workers, cores=cores,
                                                  memory_mb=memory_mb, features=features,
                                                  racks=tuple(racks))
@@ -130,8 +133,18 @@ class LocalCluster(Cluster):
         self.workers.start()
         cfg = self.workers_config
         for i in range(cfg.workers):
-            self._rt.topology.announce(f"local-{i}", rack_of(i, cfg.workers, cfg.racks),
+            self._rt.topology.announce(local_worker_id(i), rack_of(i, cfg.workers, cfg.racks),
                                        cfg.cores)
+
+    def start(self) -> LocalCluster:
+        """Start the manager and the workers, wait for them, and (``warm_up``) start the
+        library on every worker core, so that the first run does not wait for it."""
+        super().start()
+        if self.warm_up:
+            cfg = self.workers_config
+            cores = {local_worker_id(i): cfg.cores for i in range(cfg.workers)}
+            self.warm_libraries = self._rt.warm_up(cores, self.connect_timeout_s)
+        return self
 
     def _alive(self) -> set[str]:
         return self.workers.alive_ids() if self.workers is not None else set()

@@ -44,9 +44,14 @@ def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
     return cmd
 
 
+def local_worker_id(index: int) -> str:
+    """The name of local worker ``index``: ``local-<index>``."""
+    return f"local-{index}"
+
+
 def worker_labels(index: int, cfg: LocalWorkersConfig) -> tuple[tuple[str, ...], dict[str, str]]:
     """Features and environment naming local worker ``index`` and its rack (pure)."""
-    worker_id = f"local-{index}"
+    worker_id = local_worker_id(index)
     features = [worker_feature(worker_id)]
     env = {ENV_WORKER: worker_id}
     rack = rack_of(index, cfg.workers, cfg.racks) if cfg.racks else None
@@ -99,7 +104,7 @@ class LocalWorkers:
 
     def alive_ids(self) -> set[str]:
         """Names (``local-<i>``) of the workers still running."""
-        return {f"local-{i}" for i, p in enumerate(self.procs) if p.poll() is None}
+        return {local_worker_id(i) for i, p in enumerate(self.procs) if p.poll() is None}
 
     def kill(self, index: int) -> None:
         """Kill one worker and its libraries at once (for failure tests)."""

@@ -109,3 +109,19 @@ def _requested_bytes(handle: Any) -> int:
         if obj is not None and hasattr(obj, "num_requested_bytes"):
             return int(obj.num_requested_bytes)
     return 0
+
+
+def is_input_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure to read an input: an ``OSError``, or anything raised from
+    inside the XRootD client (``ValueError: I/O operation on closed file`` from a file handle
+    that fsspec-xrootd keeps cached after its server went away, in a long-lived process)."""
+    if isinstance(exc, OSError):
+        return True
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and XROOTD_CLIENT_PATH in last.tb_frame.f_code.co_filename
+
+
+XROOTD_CLIENT_PATH = "/XRootD/client/"

@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 
 from datavine import labels
-from datavine.reading import reading, shard_health
+from datavine.reading import is_input_error, reading, shard_health
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -62,6 +62,8 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
                              traceback=capped.traceback or "", crashed=True)
         result["peak_mb"] = capped.peak_mb
         result["cap_mb"] = cap_mb
+        if result.get("status") != STATUS_OK:  # its retry gets a clean process: fresh caches
+            _capped_child().close()
         _learn_shard_failures(result.get("reads", ()))
         if result.get("status") == STATUS_INPUT:  # a child's health dies with it
             shard_health().mark_failed(result["server"], time.monotonic())
@@ -178,7 +180,7 @@ def _error_result(key: Any, exc: BaseException) -> dict[str, Any]:
     except Exception:
         pickled = None
     return _result(STATUS_ERROR, key=key, exception=pickled, message=repr(exc), traceback=tb,
-                   os_error=isinstance(exc, OSError))
+                   os_error=is_input_error(exc))
 
 
 def _result(status: str, **fields: Any) -> dict[str, Any]:

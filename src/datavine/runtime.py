@@ -35,6 +35,7 @@ from datavine.errors import (
     TaskvineMissingError,
 )
 from datavine.execution import GraphRun
+from datavine.labels import worker_feature
 from datavine.memory import MemoryState
 from datavine.shards import ShardHealth
 from datavine.summary import RunSummary
@@ -130,6 +131,35 @@ class Runtime:
                     f"port {self.port} within {timeout_s:.0f} s")
             self._m.wait(1)  # also accepts connecting workers
         return self.connected_workers()
+
+    def warm_up(self, workers: dict[str, int], timeout_s: float) -> set[tuple[str, int]]:
+        """Start the library on the named workers before any graph runs: an empty bundle per
+        core of each (``{worker id: cores}``), which also imports ``RunConfig.preload``. A
+        library takes ~1-2 s to start (a Python, cloudpickle, datavine); pools are pre-started
+        so that runs do not pay for that. Returns (worker id, library PID) of those that
+        answered within ``timeout_s``; the rest keep starting (their answers are ignored
+        later). Raises LibraryFailedError when the library keeps dying."""
+        library = self.ensure_library()
+        payload = self.dumps({"nodes": [], "inputs": {}, "outputs": [], "categories": {}})
+        pending = set()
+        for worker, cores in workers.items():
+            for _ in range(cores):
+                call = self.vine.FunctionCall(library, "run_bundle", payload, None,
+                                              tuple(self.run_config.preload))
+                call.set_cores(1)
+                call.add_feature(worker_feature(worker))
+                pending.add(self._m.submit(call))
+        deadline = time.monotonic() + timeout_s
+        answered: set[tuple[str, int]] = set()
+        while pending and time.monotonic() < deadline:
+            task = self._m.wait(1)
+            if task is not None and task.id in pending:
+                pending.discard(task.id)
+                result = task.output if task.successful() else None
+                if isinstance(result, dict):
+                    answered.add((str(result.get("worker")), int(result.get("pid", 0))))
+            self.check_library()
+        return answered
 
     def close(self) -> None:
         """Shut the manager down now (not whenever the garbage collector gets to it)."""

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from datavine.reading import is_input_error
+
 # Messages of the XRootD client (as uproot and fsspec-xrootd quote them) that mark a failed
 # file access, whatever exception type carries them.
 XROOTD_MARKERS = (
@@ -92,9 +94,12 @@ def exception_chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def is_xrootd_error(exc: BaseException) -> bool:
-    """An exception whose message is an XRootD client error."""
+    """An exception whose message is an XRootD client error, or one raised from inside the
+    XRootD client (``ValueError: I/O operation on closed file`` from a handle that
+    fsspec-xrootd cached before its server went away)."""
     text = _message(exc)
-    return any(marker in text for marker in XROOTD_MARKERS)
+    return any(marker in text for marker in XROOTD_MARKERS) or (
+        not isinstance(exc, OSError) and is_input_error(exc))
 
 
 def is_corrupt_file_error(exc: BaseException) -> bool:
