@@ -73,14 +73,15 @@ class RunConfig:
             handled as soon as it arrives.
         progress: show a rich progress bar on the terminal.
         memory: memory caps per task category (:class:`~datavine.memory.MemoryPolicy`);
-            every bundle runs in a forked child under its cap, so an overrun (or a crash)
-            costs a retry of that bundle, not the worker. ``None`` runs bundles in the
-            library process itself, uncapped (fastest for trivial tasks).
+            bundles run under their cap in a long-lived child of the worker's library, so an
+            overrun (or a crash) costs a retry of that bundle, not the worker. ``None`` runs
+            bundles in the library process itself, uncapped (fastest for trivial tasks).
         placement: delay-scheduling limits for tasks that read files; ``None`` places
             nothing (locality-blind).
         shardmap: the XCache shards (:class:`~datavine.shards.ShardMap`): which rack holds
             each file, and where :func:`datavine.reading.open_input` reads it from.
-        preload: modules the worker library imports once, before forking capped bundles
+        preload: modules the worker library imports once, before forking the child that
+            runs capped bundles
             (the modules of the graph's functions are added automatically).
         pickle_by_value: modules whose functions travel by value (not importable on workers).
         max_library_failures: the run stops with the library's log once it died this often.

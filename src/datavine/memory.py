@@ -14,9 +14,10 @@ decision is to give up. Every retry at least multiplies the cap by ``growth``, s
 retried at most ``ceil(log(ceiling / floor) / log(growth))`` times.
 
 Caps are the resident memory (MB of 2**20 bytes) of the whole process tree that runs the
-task. For a call forked from a persistent library that includes the pages the child
-inherits from the library (100-300 MB with numpy, awkward and uproot imported), so
-``floor_mb`` should sit above the library's own size.
+task. For bundles run in the library's long-lived child (:mod:`datavine.capped_child`)
+that includes the pages the child holds between bundles: those it inherits from the
+library (100-300 MB with numpy, awkward and uproot imported) and what its allocator kept,
+so ``floor_mb`` should sit above the library's own size.
 
 This module is the only place that decides caps; ``runtime`` asks it and applies the answer.
 """
