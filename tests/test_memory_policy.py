@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from datavine.config import ConfigError
@@ -144,6 +144,8 @@ def test_caps_never_leave_floor_and_ceiling(policy: MemoryPolicy,
 
 @settings(max_examples=300, deadline=None)
 @given(policies, st.floats(0, 200_000), st.floats(0, 1))
+@example(MemoryPolicy(floor_mb=16.0, ceiling_mb=16.000000000000004, default_mb=16.0,
+                      headroom=1.0, growth=2.0, step_mb=1.0, min_samples=1), 17.0, 0.0)
 def test_escalation_is_strictly_monotone_and_ends(policy: MemoryPolicy, need: float,
                                                   overshoot: float) -> None:
     """One task that needs ``need`` MB: each kill raises its cap until it fits or gives up."""

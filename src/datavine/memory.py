@@ -31,6 +31,8 @@ from types import MappingProxyType
 
 from datavine.errors import ConfigError
 
+AT_CEILING = 1e-9  # relative: a cap this close to the ceiling is at the ceiling
+
 
 @dataclass(frozen=True)
 class MemoryPolicy:
@@ -88,7 +90,12 @@ class MemoryPolicy:
     @property
     def max_retries(self) -> int:
         """Most retries one task can get: each multiplies its cap by at least ``growth``."""
-        return max(0, math.ceil(math.log(self.ceiling_mb / self.floor_mb, self.growth) - 1e-9))
+        ratio = self.ceiling_mb * (1 - AT_CEILING) / self.floor_mb
+        return 0 if ratio <= 1 else math.ceil(math.log(ratio, self.growth))
+
+    def at_ceiling(self, cap_mb: float) -> bool:
+        """Whether ``cap_mb`` is the ceiling (up to rounding: a retry there gains nothing)."""
+        return cap_mb >= self.ceiling_mb * (1 - AT_CEILING)
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,7 @@ class MemoryState:
         if needed > policy.ceiling_mb:
             return GiveUp(f"a task of category {category!r} reached {needed:.0f} MB, over the "
                           f"ceiling of {policy.ceiling_mb:.0f} MB (MemoryPolicy.ceiling_mb)")
-        if cap_mb >= policy.ceiling_mb:
+        if policy.at_ceiling(cap_mb):
             return GiveUp(f"a task of category {category!r} exceeded a cap of {cap_mb:.0f} MB, "
                           f"already at the ceiling (MemoryPolicy.ceiling_mb)")
         wanted = max(cap_mb * policy.growth, needed * policy.headroom, self.cap_for(category))
