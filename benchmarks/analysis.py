@@ -250,7 +250,8 @@ def best_noted(peer: str, runs: list[common.PeerResult]) -> common.PeerResult:
     """The best run, with every run's time in its note."""
     best = common.best_of(runs)
     times = ", ".join(f"{r.seconds:.2f}" for r in runs if r.seconds is not None)
-    first = "; run 1 includes the library start" if peer.startswith("datavine") else ""
+    first = ("; run 1 includes the analysis imports in the library"
+             if peer.startswith("datavine") else "")
     best.note = f"{best.note}{first}; runs {times} s"
     return best
 

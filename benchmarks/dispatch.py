@@ -177,7 +177,7 @@ def run_peer(peer: str, args: argparse.Namespace) -> list[common.PeerResult]:
                                    manager=manager) as cluster:
             runs = []
             for i in range(args.repeat):
-                note = shape + ("; library start included" if i == 0 else "")
+                note = shape + ("; the cluster's first run" if i == 0 else "")
                 (run,) = repeated(with_scheduler(cluster.get), note, repeat=1)
                 if cluster.last_summary is not None:
                     run.note += f"; {cluster.last_summary.bundles} bundles"
