@@ -157,10 +157,9 @@ def test_peaks_per_category_are_measured_and_reported(escalated: Escalated) -> N
     assert learned["overruns"] == hog_stats.overruns
     text = "\n".join(summary.lines())
     hog_line = next(line for line in summary.lines() if line.split()[:1] == ["hog"])
-    assert f"peak {hog_stats.peak_mb:6.0f} MB" in hog_line
-    assert f"cap {hog_stats.cap_mb:.0f} MB" in hog_line
+    assert f"peak {hog_stats.peak_mb:5.0f} / cap {hog_stats.cap_mb:.0f} MB" in hog_line
     assert f"{hog_stats.overruns} over cap" in hog_line
-    assert re.search(r"small\s+6 tasks .* peak\s+\d+ MB, cap \d+ MB", text), text
+    assert re.search(r"small\s+6 tasks .* peak\s+\d+ / cap \d+ MB", text), text
 
 
 @pytest.fixture(scope="module")

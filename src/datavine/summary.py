@@ -108,10 +108,10 @@ class RunSummary:
             f"{self.wall_s:.2f} s ({self.tasks_per_s:,.0f} tasks/s), {self.retries} retries"
         ]
         for name, cat in sorted(self.categories.items(), key=lambda kv: -kv[1].seconds)[:8]:
-            cap = f", cap {cat.cap_mb:.0f} MB" if cat.cap_mb else ""
+            memory = f"peak {cat.peak_mb:5.0f}" + (f" / cap {cat.cap_mb:.0f}" if cat.cap_mb else "")
             over = f", {cat.overruns} over cap" if cat.overruns else ""
-            out.append(f"  {name:<32} {cat.tasks:>7} tasks {cat.seconds:8.2f} s "
-                       f"peak {cat.peak_mb:6.0f} MB{cap}{over}")
+            out.append(f"  {name:<18} {cat.tasks:>6} tasks {cat.seconds:6.1f} s "
+                       f"{memory} MB{over}")  # fits 80 columns
         if self.placement:
             out.append("  placement: " + ", ".join(f"{k} {v}" for k, v in
                                                    sorted(self.placement.items())))
