@@ -129,7 +129,7 @@ def test_processes_left_behind_are_killed_and_the_child_replaced(child: CappedCh
             or psutil.Process(result.value).status() == psutil.STATUS_ZOMBIE)
 
 
-def test_a_child_holding_half_its_next_cap_is_replaced() -> None:
+def test_a_child_idling_above_recycle_fraction_of_its_next_cap_is_replaced() -> None:
     with CappedChild(recycle_fraction=0.5) as child:
         base = idle_mb(child)
         assert child.run(keep, (300,), cap_mb=base + 1000).value == 1  # idles at ~base + 300

@@ -38,6 +38,10 @@ from datavine import memcap
 from datavine.memcap import CappedResult
 
 _LENGTH = struct.Struct("!Q")  # a request: its length, then cloudpickle((fn, args, kwargs))
+# A learned cap is >= 1.25 x the largest peak (MemoryPolicy.headroom), and a peak includes
+# what the child held before the call, so a child that keeps its usual memory between calls
+# idles under 0.8 x its cap: only one that grew (a leak, caches) beyond that is replaced.
+RECYCLE_FRACTION = 0.8
 
 
 def needs_fresh_child(alive: bool, idle_mb: float, cap_mb: float | None,
@@ -57,7 +61,7 @@ class CappedChild:
     ``baseline_mb`` is the child's RSS before the call. ``close`` ends the child."""
 
     def __init__(self, *, poll_s: float = 0.02, scan_every_s: float = 0.25,
-                 recycle_fraction: float = 0.5) -> None:
+                 recycle_fraction: float = RECYCLE_FRACTION) -> None:
         self.poll_s = poll_s
         self.scan_every_s = scan_every_s
         self.recycle_fraction = recycle_fraction
