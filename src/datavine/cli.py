@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from datavine import cli_types
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
 
@@ -50,28 +51,6 @@ class RunError(DatavineError):
     """The main job cannot go on; the message names the file or setting."""
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 def default_workers() -> int:
     """One 1-core worker per core this process may run on."""
     return max(1, len(os.sched_getaffinity(0)))
@@ -85,25 +64,25 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
     data = run.add_argument_group("data")
     data.add_argument("--data", type=Path, default=DEFAULT_DATA, metavar="DIR",
                       help=f"where the generated files live (default {DEFAULT_DATA})")
-    data.add_argument("--files", type=_positive, default=8, metavar="N")
-    data.add_argument("--events", type=_positive, default=100_000, metavar="N",
+    data.add_argument("--files", type=cli_types.positive, default=8, metavar="N")
+    data.add_argument("--events", type=cli_types.positive, default=100_000, metavar="N",
                       help="events per file (default 100000)")
     data.add_argument("--compression", choices=("zstd", "lz4", "zlib", "lzma"), default="zstd")
-    data.add_argument("--chunk-events", type=_positive, default=100_000, metavar="N",
+    data.add_argument("--chunk-events", type=cli_types.positive, default=100_000, metavar="N",
                       help="events per task (default 100000)")
     where = run.add_argument_group("where it runs")
-    where.add_argument("--workers", type=_positive, default=None, metavar="N",
+    where.add_argument("--workers", type=cli_types.positive, default=None, metavar="N",
                        help=f"local 1-core workers (default: cores here, {default_workers()})")
     where.add_argument("--no-xcache", action="store_true",
                        help="read the local files, not through the XCache testbed")
-    where.add_argument("--shards", type=_positive, default=2, metavar="N",
+    where.add_argument("--shards", type=cli_types.positive, default=2, metavar="N",
                        help="XCache shards of the testbed (default 2, racks A and B)")
-    where.add_argument("--pool-workers", type=_positive, default=None, metavar="N",
+    where.add_argument("--pool-workers", type=cli_types.positive, default=None, metavar="N",
                        help="start no local workers: wait for N workers of a pool started "
                        "with 'datavine pool start' (give the pool --port and --password)")
-    where.add_argument("--pool-timeout", type=_seconds, default=120.0, metavar="S",
+    where.add_argument("--pool-timeout", type=cli_types.seconds, default=120.0, metavar="S",
                        help="with --pool-workers: give up after S seconds (default 120)")
-    where.add_argument("--port", type=_port, default=0, metavar="P",
+    where.add_argument("--port", type=cli_types.port, default=0, metavar="P",
                        help="the manager's port (default: any free port)")
     where.add_argument("--password", type=Path, default=None, metavar="FILE",
                        help="the manager's password file (default: a new one for this run)")
@@ -111,7 +90,7 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
                        help="manager, run settings, shards and pools from a facility file")
     where.add_argument("--no-memory-caps", action="store_true",
                        help="run bundles in the library process, uncapped (no fork per bundle)")
-    where.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+    where.add_argument("--timeout", type=cli_types.seconds, default=None, metavar="S",
                        help="fail when the analysis takes longer than S seconds")
     out = run.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="write a JSON record of the run")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from datavine import cli_types
 from datavine.config import ConfigError
 from datavine.pools.base import PoolError, PoolTimeoutError
 from datavine.pools.factory import BATCHES, FactoryConfig
@@ -33,18 +34,6 @@ def _manager(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
-
-
 def add_pool_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``pool start|status|stop`` to a CLI's sub-commands; returns the ``pool`` parser."""
     pool = subparsers.add_parser("pool", help="start, watch and stop vine_factory worker pools",
@@ -55,21 +44,21 @@ def add_pool_commands(subparsers: argparse._SubParsersAction) -> argparse.Argume
     start = sub.add_parser("start", help="start a pool (a detached vine_factory)")
     start.add_argument("--batch", choices=BATCHES, default="condor",
                        help="condor: HTCondor jobs; local: processes on this host")
-    start.add_argument("--workers", type=_positive, required=True, metavar="N",
+    start.add_argument("--workers", type=cli_types.positive, required=True, metavar="N",
                        help="most workers at once")
-    start.add_argument("--min-workers", type=_non_negative, metavar="M",
+    start.add_argument("--min-workers", type=cli_types.non_negative, metavar="M",
                        help="workers kept without work (default: N, a pre-started pool)")
-    start.add_argument("--cores", type=_positive, default=1, metavar="C")
-    start.add_argument("--memory", type=_positive, metavar="MB")
-    start.add_argument("--disk", type=_positive, metavar="MB")
+    start.add_argument("--cores", type=cli_types.positive, default=1, metavar="C")
+    start.add_argument("--memory", type=cli_types.positive, metavar="MB")
+    start.add_argument("--disk", type=cli_types.positive, metavar="MB")
     start.add_argument("--rack", help="label the workers with the feature rack:<RACK>")
     start.add_argument("--feature", action="append", default=[], help="a worker feature")
     start.add_argument("--manager", type=_manager, required=True, metavar="HOST:PORT")
     start.add_argument("--password", type=Path, metavar="FILE", help="the manager's password")
     start.add_argument("--ssl", action="store_true", help="workers connect with TLS")
-    start.add_argument("--idle-timeout", type=_positive, default=900, metavar="S",
+    start.add_argument("--idle-timeout", type=cli_types.positive, default=900, metavar="S",
                        help="a worker without work for S seconds exits (default 900)")
-    start.add_argument("--factory-period", type=_positive, default=5, metavar="S")
+    start.add_argument("--factory-period", type=cli_types.positive, default=5, metavar="S")
     start.add_argument("--condor-submit", action="append", default=[], metavar="LINE",
                        help="an extra line for the HTCondor submit file")
     start.add_argument("--debug-workers", action="store_true")

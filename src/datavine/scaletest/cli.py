@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from datavine import cli_types
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
 from datavine.scaletest.run import COMPRESSIONS, POOLS, ScaleTestConfig, run_scale_test
@@ -23,70 +24,48 @@ DEFAULT_OUT = Path("runs/scaletest")
 EXIT_ERROR = 2
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The scale test's options, on ``parser``."""
     data = parser.add_argument_group("data")
-    data.add_argument("--files", type=_positive, default=8, metavar="N",
+    data.add_argument("--files", type=cli_types.positive, default=8, metavar="N",
                       help="generated files (default 8)")
-    data.add_argument("--events-per-file", type=_positive, default=100_000, metavar="N",
+    data.add_argument("--events-per-file", type=cli_types.positive, default=100_000, metavar="N",
                       help="events per generated file (default 100000)")
     data.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
                       help="compression of the generated files (default zstd)")
-    data.add_argument("--seed", type=_non_negative, default=0, help="generator seed")
+    data.add_argument("--seed", type=cli_types.non_negative, default=0, help="generator seed")
     data.add_argument("--data", type=Path, default=DEFAULT_OUT / "data", metavar="DIR",
                       help=f"where generated files live (default {DEFAULT_OUT / 'data'}; "
                       "reused when their parameters match)")
     data.add_argument("--fileset", type=Path, metavar="JSON",
                       help="read these files or URLs instead of generated data")
-    data.add_argument("--chunk-events", type=_positive, default=100_000, metavar="N",
+    data.add_argument("--chunk-events", type=cli_types.positive, default=100_000, metavar="N",
                       help="events per task (default 100000)")
     pool = parser.add_argument_group("pool")
     pool.add_argument("--pool", choices=POOLS, default="local",
                       help="local: workers on this host (default); external: workers of a "
                       "pool started elsewhere connect to --port; condor: HTCondor workers "
                       "through vine_factory")
-    pool.add_argument("--workers", type=_positive, metavar="N",
+    pool.add_argument("--workers", type=cli_types.positive, metavar="N",
                       help="workers (default: one per core here)")
-    pool.add_argument("--cores", type=_positive, default=1, metavar="C",
+    pool.add_argument("--cores", type=cli_types.positive, default=1, metavar="C",
                       help="cores per worker (default 1)")
-    pool.add_argument("--memory", type=_positive, metavar="MB", help="memory per worker")
-    pool.add_argument("--port", type=_non_negative, default=0,
+    pool.add_argument("--memory", type=cli_types.positive, metavar="MB", help="memory per worker")
+    pool.add_argument("--port", type=cli_types.non_negative, default=0,
                       help="the manager's port (needed with --pool external)")
     pool.add_argument("--password", type=Path, metavar="FILE",
                       help="the manager's password file (needed with --pool external)")
     pool.add_argument("--manager-host", default="127.0.0.1",
                       help="where condor workers reach the manager (default 127.0.0.1)")
-    pool.add_argument("--xcache", type=_non_negative, default=0, metavar="N",
+    pool.add_argument("--xcache", type=cli_types.non_negative, default=0, metavar="N",
                       help="read the generated files through a loopback XCache testbed of "
                       "N shards (default 0: local files)")
     pool.add_argument("--no-memory-caps", action="store_true",
                       help="run tasks in the workers' library processes, not in forked "
                       "children under datavine's memory caps")
-    pool.add_argument("--timeout", type=_seconds, metavar="S",
+    pool.add_argument("--timeout", type=cli_types.seconds, metavar="S",
                       help="fail when processing takes longer than S seconds")
-    pool.add_argument("--connect-timeout", type=_seconds, default=120.0, metavar="S",
+    pool.add_argument("--connect-timeout", type=cli_types.seconds, default=120.0, metavar="S",
                       help="wait at most S seconds for the workers (default 120)")
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
@@ -95,7 +74,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      help="the JSON record (default OUT/scaletest.json)")
     out.add_argument("--png", type=Path, metavar="PATH",
                      help="the timeline (default OUT/timeline.png)")
-    out.add_argument("--bin", type=_seconds, metavar="S", help="timeline bin width")
+    out.add_argument("--bin", type=cli_types.seconds, metavar="S", help="timeline bin width")
     out.add_argument("--progress", action="store_true", help="datavine's progress bar")
 
 
