@@ -89,7 +89,7 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
     where.add_argument("--facility", type=Path, metavar="FILE",
                        help="manager, run settings, shards and pools from a facility file")
     where.add_argument("--no-memory-caps", action="store_true",
-                       help="run bundles in the library process, uncapped (no fork per bundle)")
+                       help="run bundles in the library process itself, uncapped")
     where.add_argument("--timeout", type=cli_types.seconds, default=None, metavar="S",
                        help="fail when the analysis takes longer than S seconds")
     out = run.add_argument_group("output")

@@ -61,8 +61,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                       help="read the generated files through a loopback XCache testbed of "
                       "N shards (default 0: local files)")
     pool.add_argument("--no-memory-caps", action="store_true",
-                      help="run tasks in the workers' library processes, not in forked "
-                      "children under datavine's memory caps")
+                      help="run tasks in the workers' library processes, uncapped, not in "
+                      "their capped child")
     pool.add_argument("--timeout", type=cli_types.seconds, metavar="S",
                       help="fail when processing takes longer than S seconds")
     pool.add_argument("--connect-timeout", type=cli_types.seconds, default=120.0, metavar="S",

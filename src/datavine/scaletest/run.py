@@ -66,8 +66,8 @@ class ScaleTestConfig:
         connect_timeout_s: how long to wait for the pool's workers.
         bin_s: the timeline's bin width (default: the wall time / 120, at least 0.25 s).
         progress: datavine's progress bar.
-        memory_caps: run every bundle in a forked child under datavine's memory caps
-            (the default); ``False`` runs bundles in the worker's library process.
+        memory_caps: run every bundle under datavine's memory caps, in the library's
+            capped child (the default); ``False`` runs bundles in the library process.
     """
 
     files: int = 8
