@@ -10,8 +10,6 @@ servers run as the unprivileged ``xrootd`` user, who cannot enter pytest's root-
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -20,27 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from datavine.xcache.testbed import xcache_missing
+
 N_FILES = 12
 N_EVENTS = 40_000
 RACKS = ["A", "A", "B", "B"]
-
-
-def xcache_missing() -> str | None:
-    """Why the real-server tests cannot run here, or None."""
-    for tool in ("xrootd", "xrdfs", "xrdpfc_print"):
-        if shutil.which(tool) is None:
-            return f"{tool} not installed: run scripts/install_xcache.sh (XRootD server)"
-    if importlib.util.find_spec("XRootD") is None or importlib.util.find_spec(
-            "fsspec_xrootd") is None:
-        return "XRootD Python client missing: .venv/bin/pip install xrootd fsspec-xrootd"
-    if os.geteuid() == 0:
-        import pwd
-
-        try:
-            pwd.getpwnam("xrootd")
-        except KeyError:
-            return "user xrootd missing (xrootd refuses to run as root): run install_xcache.sh"
-    return None
 
 
 def _write_tree(path: Path, seed: int, n_events: int) -> None:

@@ -28,6 +28,7 @@ from datavine.analysis.sources import (
     origin_url,
 )
 from datavine.datagen import generate_dataset
+from datavine.xcache.testbed import xcache_missing
 
 FILES, EVENTS, CHUNK = 2, 20_000, 10_000
 
@@ -195,7 +196,7 @@ def test_run_on_local_files(data_dir: Path, reference: ChunkResult, tmp_path: Pa
 @pytest.mark.xcache
 def test_run_through_xcache(data_dir: Path, reference: ChunkResult, tmp_path: Path,
                             capsys: pytest.CaptureFixture[str]) -> None:
-    why = cli.xcache_missing()
+    why = xcache_missing()
     if why:
         pytest.skip(why)
     code, data, out = run_cli([*small_run(data_dir), "--shards", "2"], tmp_path, capsys)

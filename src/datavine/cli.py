@@ -169,25 +169,6 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     print(f"record written to {path}")
 
 
-def xcache_missing() -> str | None:
-    """Why the XCache testbed cannot run here, or None."""
-    for tool in ("xrootd", "xrdfs", "xrdpfc_print"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (bash scripts/install_xcache.sh installs XRootD)"
-    for module in ("XRootD", "fsspec_xrootd"):
-        if importlib.util.find_spec(module) is None:
-            return (f"the Python module {module} is missing (bash scripts/install_xcache.sh "
-                    "installs it)")
-    if os.geteuid() == 0:
-        import pwd
-
-        try:
-            pwd.getpwnam("xrootd")
-        except KeyError:
-            return "the user xrootd is missing (bash scripts/install_xcache.sh creates it)"
-    return None
-
-
 @contextlib.contextmanager
 def readable_folder(data_dir: Path, files: Sequence[Path], user: str | None) -> Any:
     """``data_dir``, or a world-readable mirror of ``files`` (hard links, else copies) when
@@ -274,12 +255,13 @@ def open_inputs(stack: contextlib.ExitStack, args: argparse.Namespace, files: li
         return LocalFiles(), make_chunks(files, args.chunk_events)
     if facility is not None and facility.shards is not None:
         return XCacheShards(facility.shards), facility_chunks(facility, files, args, record)
+    from datavine.xcache.testbed import XCacheTestbed, xcache_missing
+
     why = xcache_missing()
     if why:
         print(f"note: reading the local files, not through XCache: {why}")
         record["reading"] = {"mode": "local", "notice": why}
         return LocalFiles(), make_chunks(files, args.chunk_events)
-    from datavine.xcache.testbed import XCacheTestbed
 
     user = "xrootd" if os.geteuid() == 0 else None
     folder, served = stack.enter_context(readable_folder(args.data, files, user))

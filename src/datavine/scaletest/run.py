@@ -201,7 +201,8 @@ def serve_files(stack: contextlib.ExitStack, config: ScaleTestConfig,
     files' ``root://`` URLs at its origin."""
     if not config.xcache_shards:
         return None, files
-    from datavine.cli import readable_folder, xcache_missing
+    from datavine.cli import readable_folder
+    from datavine.xcache.testbed import xcache_missing
 
     why = xcache_missing()
     if why:

@@ -17,6 +17,7 @@ starts it, prints the URLs and stops it on Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pwd
 import shutil
@@ -46,6 +47,23 @@ from datavine.xcache.unix import check_reachable, free_ports, log_tail, terminat
 
 # The readiness probe must fail fast while a server is still starting (see reader.py).
 _PROBE_ENV = {"XRD_CONNECTIONRETRY": "1", "XRD_CONNECTIONWINDOW": "2", "XRD_REQUESTTIMEOUT": "5"}
+
+
+def xcache_missing() -> str | None:
+    """Why the XCache testbed cannot run here, or None."""
+    for tool in ("xrootd", "xrdfs", "xrdpfc_print"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (bash scripts/install_xcache.sh installs XRootD)"
+    for module in ("XRootD", "fsspec_xrootd"):
+        if importlib.util.find_spec(module) is None:
+            return (f"the Python module {module} is missing (bash scripts/install_xcache.sh "
+                    "installs it)")
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("xrootd")
+        except KeyError:
+            return "the user xrootd is missing (bash scripts/install_xcache.sh creates it)"
+    return None
 
 
 class TestbedError(DatavineError):
