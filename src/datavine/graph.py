@@ -8,7 +8,7 @@ requested keys need, with dependency and dependent maps and dask's own prioritie
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,3 +113,18 @@ def pack_results(keys: Any, values: Mapping[Key, Any]) -> Any:
 def is_trivial(node: GraphNode) -> bool:
     """Literal data nodes cost nothing to run anywhere."""
     return isinstance(node, DataNode)
+
+
+def add_merge_tree(graph: dict[Key, Any], leaves: list[Key], fanin: int,
+                   key: Callable[[int, int], Key], task: Callable[[list[Key]], Any]) -> Key:
+    """Add merges of ``fanin`` contiguous keys to ``graph``, level by level, until one key is
+    left, and return it (the only leaf when there is one). Merge ``j`` of level ``depth`` is
+    ``graph[key(depth, j)] = task(its input keys)``."""
+    level, depth = list(leaves), 0
+    while len(level) > 1:
+        merged = []
+        for j in range(0, len(level), fanin):
+            merged.append(key(depth, j // fanin))
+            graph[merged[-1]] = task(level[j:j + fanin])
+        level, depth = merged, depth + 1
+    return level[0]

@@ -32,7 +32,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,7 @@ from datavine.coffea.tasks import (
     merge_partials,
     run_item,
 )
-
-Key = Hashable
+from datavine.graph import Key, add_merge_tree
 
 
 class BadFilesSkippedWarning(UserWarning):
@@ -303,21 +302,12 @@ def build_graph(items: list[Any], function: Callable[[Any], Any], policy: ItemPo
     """
     token = uuid.uuid4().hex
     graph: dict[Key, Any] = {}
-    level: list[Key] = []
     for i, item in enumerate(items):
-        key = (f"{prefix}-item", token, i)
-        graph[key] = (run_item, function, item, i, policy)
-        level.append(key)
-    depth = 0
-    while len(level) > 1:
-        merged = []
-        for j in range(0, len(level), fanin):
-            key = (f"{prefix}-merge", token, depth, j // fanin)
-            graph[key] = (merge_partials, list(level[j:j + fanin]), policy.compression)
-            merged.append(key)
-        level = merged
-        depth += 1
-    return graph, level[0]
+        graph[(f"{prefix}-item", token, i)] = (run_item, function, item, i, policy)
+    final = add_merge_tree(graph, list(graph), fanin,
+                           key=lambda depth, j: (f"{prefix}-merge", token, depth, j),
+                           task=lambda keys: (merge_partials, keys, policy.compression))
+    return graph, final
 
 
 def skipped_message(record: CallRecord) -> str:

@@ -26,19 +26,19 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
+from datavine.graph import Key, add_merge_tree
 from datavine.scaletest.report import ScaleReport, build_report
 from datavine.scaletest.tasks import FileInfo, Tally, file_info, merge_tallies, run_chunk
 
 POOLS = ("local", "external", "condor")
 COMPRESSIONS = ("zstd", "lzma", "zlib", "lz4")
-Key = Hashable
 
 
 class ScaleTestError(DatavineError):
@@ -323,18 +323,10 @@ def analysis_graph(chunks: Sequence[tuple[str, int, int]], retries: int,
     merge tree, ``fanin`` at a time; returns (graph, final key)."""
     token = uuid.uuid4().hex
     graph: dict[Key, Any] = {}
-    level: list[Key] = []
     for i, (path, start, stop) in enumerate(chunks):
-        key = ("agc-chunk", token, i)
-        graph[key] = (run_chunk, path, start, stop, retries)
-        level.append(key)
-    depth = 0
-    while len(level) > 1:
-        merged = []
-        for j in range(0, len(level), fanin):
-            key = ("agc-merge", token, depth, j // fanin)
-            graph[key] = (merge_tallies, list(level[j:j + fanin]))
-            merged.append(key)
-        level, depth = merged, depth + 1
-    return graph, level[0]
+        graph[("agc-chunk", token, i)] = (run_chunk, path, start, stop, retries)
+    final = add_merge_tree(graph, list(graph), fanin,
+                           key=lambda depth, j: ("agc-merge", token, depth, j),
+                           task=lambda keys: (merge_tallies, keys))
+    return graph, final
 
