@@ -111,17 +111,20 @@ def _requested_bytes(handle: Any) -> int:
     return 0
 
 
-def is_input_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failure to read an input: an ``OSError``, or anything raised from
-    inside the XRootD client (``ValueError: I/O operation on closed file`` from a file handle
-    that fsspec-xrootd keeps cached after its server went away, in a long-lived process)."""
-    if isinstance(exc, OSError):
-        return True
-    tb = exc.__traceback__
-    last = None
+XROOTD_CLIENT_PATH = "/XRootD/client/"  # where the XRootD Python client's modules live
+
+
+def raised_in_xrootd_client(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised from inside the XRootD client (for example ``ValueError: I/O
+    operation on closed file`` from a file handle that fsspec-xrootd keeps cached after its
+    server went away, in a long-lived process)."""
+    tb, last = exc.__traceback__, None
     while tb is not None:
         last, tb = tb, tb.tb_next
     return last is not None and XROOTD_CLIENT_PATH in last.tb_frame.f_code.co_filename
 
 
-XROOTD_CLIENT_PATH = "/XRootD/client/"
+def is_input_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure to read an input: an ``OSError``, or anything raised from
+    inside the XRootD client."""
+    return isinstance(exc, OSError) or raised_in_xrootd_client(exc)

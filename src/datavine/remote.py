@@ -19,12 +19,15 @@ import socket
 import time
 import traceback
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from datavine import labels
 from datavine.reading import is_input_error, reading, shard_health
+
+if TYPE_CHECKING:
+    from datavine.capped_child import CappedChild
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -83,11 +86,11 @@ def execute_payload(payload: bytes) -> dict[str, Any]:
     return execute_bundle(spec)
 
 
-_CHILD: Any = None  # the library's CappedChild, made on the first capped bundle
-_PRELOADED: set[str] = set()
+_CHILD: CappedChild | None = None  # the library's capped child, made on the first capped bundle
+_PRELOADED: set[str] = set()  # tried once each, imported or not
 
 
-def _capped_child() -> Any:
+def _capped_child() -> CappedChild:
     global _CHILD
     if _CHILD is None:
         from datavine.capped_child import CappedChild

@@ -153,12 +153,13 @@ class Runtime:
         answered: set[tuple[str, int]] = set()
         while pending and time.monotonic() < deadline:
             task = self._m.wait(1)
-            if task is not None and task.id in pending:
+            if task is None:  # a quiet second: has the library been dying meanwhile?
+                self.check_library()
+            elif task.id in pending:
                 pending.discard(task.id)
                 result = task.output if task.successful() else None
                 if isinstance(result, dict):
                     answered.add((str(result.get("worker")), int(result.get("pid", 0))))
-            self.check_library()
         return answered
 
     def close(self) -> None:

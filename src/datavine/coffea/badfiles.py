@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from datavine.reading import is_input_error
+from datavine.reading import raised_in_xrootd_client
 
 # Messages of the XRootD client (as uproot and fsspec-xrootd quote them) that mark a failed
 # file access, whatever exception type carries them.
@@ -98,8 +98,7 @@ def is_xrootd_error(exc: BaseException) -> bool:
     XRootD client (``ValueError: I/O operation on closed file`` from a handle that
     fsspec-xrootd cached before its server went away)."""
     text = _message(exc)
-    return any(marker in text for marker in XROOTD_MARKERS) or (
-        not isinstance(exc, OSError) and is_input_error(exc))
+    return any(marker in text for marker in XROOTD_MARKERS) or raised_in_xrootd_client(exc)
 
 
 def is_corrupt_file_error(exc: BaseException) -> bool:
