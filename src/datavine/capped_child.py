@@ -91,20 +91,10 @@ class CappedChild:
             self.close()
             raise
         flags, hwm_kb = memcap.frame_header(frame)
-        outcome = None if watch.exceeded else memcap.decode_frame(frame)
-        status = 0
-        if outcome is None or flags & memcap.LEFT_BEHIND:
-            status = self._stop()
-        if watch.exceeded:
-            peak_mb = max(watch.peak_kb, hwm_kb) / 1024.0
-            outcome = memcap.failed(f"killed after exceeding its memory cap: {peak_mb:.0f} MB > "
-                                    f"{cap_mb:.0f} MB")
-        elif outcome is None:
-            outcome = memcap.decode(frame, status)
-        peak_mb = max(watch.peak_kb, hwm_kb) / 1024.0
-        return CappedResult(*outcome, peak_mb=peak_mb, exceeded=watch.exceeded, cap_mb=cap_mb,
-                            wall_s=time.perf_counter() - started, baseline_mb=idle_kb / 1024.0,
-                            signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+        whole = not watch.exceeded and memcap.frame_complete(frame)
+        status = self._stop() if not whole or flags & memcap.LEFT_BEHIND else 0
+        return memcap.capped_result(frame, status, watch, max(watch.peak_kb, hwm_kb), started,
+                                    idle_kb)
 
     def close(self) -> None:
         """End the child (and whatever is left in its process group), if there is one."""
@@ -171,7 +161,7 @@ def _serve(requests: int, results: int, parent: int) -> NoReturn:
                 if request is None:
                     code = 0
                     break
-                _reset_peak()
+                memcap.reset_peak()
                 try:
                     fn, args, kwargs = cloudpickle.loads(request)
                 except BaseException as exc:
@@ -204,11 +194,6 @@ def _read_exact(fd: int, size: int) -> bytes | None:
             return None  # the parent closed the pipe: time to go
         pos += got
     return bytes(buf)
-
-
-def _reset_peak() -> None:
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := current RSS
 
 
 def _after_call() -> tuple[int, int]:

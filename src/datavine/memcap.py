@@ -117,10 +117,18 @@ def run_capped(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     finally:
         os.close(r)
         status, maxrss_kb = reap(pid)
-    peak_mb = max(watch.peak_kb, maxrss_kb) / 1024.0
-    outcome = failed(f"killed after exceeding its memory cap: {peak_mb:.0f} MB > {cap_mb:.0f} "
-                      "MB") if watch.exceeded else decode(frame, status)
-    return CappedResult(*outcome, peak_mb=peak_mb, exceeded=watch.exceeded, cap_mb=cap_mb,
+    return capped_result(frame, status, watch, max(watch.peak_kb, maxrss_kb), started,
+                         baseline_kb)
+
+
+def capped_result(frame: bytearray, status: int, watch: Watch, peak_kb: float,
+                  started: float, baseline_kb: float) -> CappedResult:
+    """How a watched call ended: killed over its cap, or as its frame (else its wait
+    ``status``) tells. ``started``: ``time.perf_counter()`` when the call began."""
+    peak_mb = peak_kb / 1024.0
+    outcome = failed(f"killed after exceeding its memory cap: {peak_mb:.0f} MB > "
+                     f"{watch.cap_mb:.0f} MB") if watch.exceeded else decode(frame, status)
+    return CappedResult(*outcome, peak_mb=peak_mb, exceeded=watch.exceeded, cap_mb=watch.cap_mb,
                         wall_s=time.perf_counter() - started, baseline_mb=baseline_kb / 1024.0,
                         signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
 
@@ -130,10 +138,16 @@ def measure_peak(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     """Run ``fn`` here (no fork): its value and this process's peak RSS (MB) during the call.
     The peak mark is reset first (``/proc/self/clear_refs``); where that is refused, the
     lifetime peak is returned, an upper bound. Exceptions of ``fn`` propagate."""
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # 5: reset the peak RSS (VmHWM, which ru_maxrss follows) to the current RSS
+    reset_peak()
     value = fn(*args, **(kwargs or {}))
     return value, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def reset_peak() -> None:
+    """Reset this process's peak RSS mark (VmHWM, which ru_maxrss follows) to its current RSS,
+    where the kernel allows it."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def prepare_fork() -> None:
@@ -164,6 +178,7 @@ class Watch:
 
     def __init__(self, pid: int, cap_mb: float | None, scan_every_s: float) -> None:
         self.pid = pid
+        self.cap_mb = cap_mb
         self.cap_kb = None if cap_mb is None else cap_mb * 1024.0
         self.scan_every_s = scan_every_s
         self.next_scan = time.monotonic() + scan_every_s
@@ -233,25 +248,17 @@ def frame_header(frame: bytearray) -> tuple[int, int]:
     return flags, hwm_kb
 
 
-def decode_frame(frame: bytearray) -> Outcome | None:
-    """The outcome told by a whole frame; None for a partial one."""
-    if not frame_complete(frame):
-        return None
-    kind, _, _, tb_len, _ = FRAME.unpack_from(frame)
-    tb = frame[FRAME.size:FRAME.size + tb_len].decode(errors="replace") or None
-    try:
-        obj = cloudpickle.loads(memoryview(frame)[FRAME.size + tb_len:])
-    except Exception as exc:
-        what = "result" if kind == _VALUE else "exception"
-        return failed(f"the call's {what} could not be unpickled: {exc!r}", tb)
-    return (True, obj, None, None) if kind == _VALUE else (False, None, obj, tb)
-
-
 def decode(frame: bytearray, status: int) -> Outcome:
-    """The outcome told by the child's frame, or else by its exit status."""
-    outcome = decode_frame(frame)
-    if outcome is not None:
-        return outcome
+    """The outcome told by the child's frame, or else (a partial frame) by its exit status."""
+    if frame_complete(frame):
+        kind, _, _, tb_len, _ = FRAME.unpack_from(frame)
+        tb = frame[FRAME.size:FRAME.size + tb_len].decode(errors="replace") or None
+        try:
+            obj = cloudpickle.loads(memoryview(frame)[FRAME.size + tb_len:])
+        except Exception as exc:
+            what = "result" if kind == _VALUE else "exception"
+            return failed(f"the call's {what} could not be unpickled: {exc!r}", tb)
+        return (True, obj, None, None) if kind == _VALUE else (False, None, obj, tb)
     if os.WIFSIGNALED(status):
         sig = signal.Signals(os.WTERMSIG(status))
         oom = " (out of memory? the kernel's OOM killer sends SIGKILL)" * (sig == signal.SIGKILL)
