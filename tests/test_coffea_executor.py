@@ -137,50 +137,7 @@ def test_embedded_default_cluster() -> None:
     assert_same(out, ref)
     summary = executor.report.last.summary
     assert summary is not None and summary.workers >= 1
-
-
-USER_MODULE = """
-import awkward as ak
-from coffea import processor
-
-
-class CountEvents(processor.ProcessorABC):
-    def process(self, events):
-        return {"events": len(events), "muons": int(ak.sum(ak.num(events.Muon)))}
-
-    def postprocess(self, accumulator):
-        return accumulator
-"""
-
-
-@pytest.mark.taskvine
-def test_session_and_processor_module_sent_by_value(cluster: Any, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A processor in a module only the client can import fails on the workers, unless
-    the executor sends that module by value; ``with executor:`` keeps one cluster for the
-    Runner's preprocessing and processing."""
-    (tmp_path / "dv_user_processor.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import dv_user_processor
-
-    sample = tmp_path / "dy.root"  # a path of its own: not in coffea's metadata cache
-    shutil.copy(coffea_sample("nano_dy"), sample)
-    files = {"dy": [str(sample)]}
-    blind = on(cluster, retries=0)
-    with pytest.raises(ValueError, match="No chunks returned results"):
-        runner(blind)(files, treename="Events", processor_instance=dv_user_processor.CountEvents())
-    assert "No module named 'dv_user_processor'" in blind.report.last.failed[0].error
-
-    executor = DatavineExecutor(status=False, workers=2, pickle_by_value=("dv_user_processor",))
-    with executor:
-        session = executor.embedded[1]
-        out = runner(executor)(files, treename="Events",
-                               processor_instance=dv_user_processor.CountEvents())
-        assert executor.embedded[1] is session
-    assert executor.embedded is None and session.runtime is None  # stopped on exit
-    assert out == {"events": 40, "muons": 18}
-    assert [c.desc for c in executor.report.calls] == ["Processing"]  # metadata was cached
-    assert executor.report.calls[0].summary.workers == 2
+    executor.close()
 
 
 @pytest.mark.taskvine

@@ -57,6 +57,11 @@ _context: ReadContext | None = None
 _health = ShardHealth()  # one per process: a failed shard stays cooled down across bundles
 
 
+def current() -> ReadContext | None:
+    """The read context of the bundle running in this process, or None outside a bundle."""
+    return _context
+
+
 def shard_health() -> ShardHealth:
     """This process's shard health (shared by all its bundles)."""
     return _health

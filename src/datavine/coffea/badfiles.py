@@ -58,6 +58,22 @@ CORRUPT_MARKERS = (
     "Error -3 while decompressing",
 )
 
+# Errors that fail the same way on every attempt and every worker: a file that is not
+# there or may not be read (as the OS or an XRootD server says it), and code that does not
+# load. Retrying them only makes the user wait.
+PERMANENT_TYPES: dict[type[BaseException], str] = {
+    FileNotFoundError: "missing",
+    IsADirectoryError: "missing",
+    NotADirectoryError: "missing",
+    PermissionError: "permission",
+}
+PERMANENT_MARKERS = (
+    ("[3011]", "missing"),  # kXR_NotFound
+    ("No such file or directory", "missing"),
+    ("[3010]", "permission"),  # kXR_NotAuthorized
+    ("Permission denied", "permission"),
+)
+
 _MAX_CHAIN = 64
 
 
@@ -70,12 +86,18 @@ class Verdict:
         retryable: trying again may succeed (I/O, timeouts); False for corrupt data, which
             fails the same way every time.
         reason: a short name of the evidence found (``"OSError"``, ``"xrootd"``,
-            ``"corrupt"``, an exception type name, or ``""``).
+            ``"corrupt"``, ``"missing"``, ``"permission"``, ``"import"``, an exception type
+            name, or ``""``).
     """
 
     bad_file: bool
     retryable: bool
     reason: str = ""
+
+    @property
+    def load_error(self) -> bool:
+        """The item's code could not be loaded here (a module missing on the worker)."""
+        return self.reason == "import"
 
 
 def exception_chain(exc: BaseException) -> Iterator[BaseException]:
@@ -110,17 +132,49 @@ def is_corrupt_file_error(exc: BaseException) -> bool:
     return any(marker in text for marker in CORRUPT_MARKERS)
 
 
+def permanent_reason(exc: BaseException) -> str:
+    """``"missing"`` or ``"permission"`` when ``exc`` says the file is not there or may not
+    be read (by type, or in an XRootD server's words); else ``""``."""
+    for kind, reason in PERMANENT_TYPES.items():
+        if isinstance(exc, kind):
+            return reason
+    if isinstance(exc, OSError) or is_xrootd_error(exc):
+        text = _message(exc)
+        for marker, reason in PERMANENT_MARKERS:
+            if marker in text:
+                return reason
+    return ""
+
+
+def missing_module(exc: BaseException) -> str | None:
+    """The module an import error in ``exc``'s chain could not find (``""`` when it does
+    not say), or None when the chain holds no import error."""
+    for e in exception_chain(exc):
+        if isinstance(e, ImportError):
+            return e.name or ""
+        if isinstance(e, AttributeError) and "Can't get attribute" in _message(e):
+            return ""  # pickle: the class is not (or no longer) in the module on this worker
+    return None
+
+
 def classify(exc: BaseException,
              skipbadfiles: bool | tuple[type[BaseException], ...]) -> Verdict:
     """Whether ``exc`` is a bad-file error under ``skipbadfiles`` (coffea's setting).
 
     ``True``: any ``OSError`` in the chain, an XRootD error message anywhere in it, or a
-    corrupt file. A tuple of types: those types anywhere in the chain (and, when it holds
+    corrupt file. A missing or unreadable file and corrupt data are not ``retryable``;
+    an import error is never a bad file and never retryable (``Verdict.load_error``).
+    A tuple of types: those types anywhere in the chain (and, when it holds
     ``OSError``, XRootD messages too). ``False``: never a bad file; ``retryable`` still says
     whether a retry may help.
     """
     chain = list(exception_chain(exc))
-    if any(is_corrupt_file_error(e) for e in chain):
+    permanent = next((r for r in map(permanent_reason, chain) if r), "")
+    if missing_module(exc) is not None:
+        return Verdict(False, False, "import")
+    if permanent:
+        evidence = Verdict(True, False, permanent)
+    elif any(is_corrupt_file_error(e) for e in chain):
         evidence = Verdict(True, False, "corrupt")
     elif any(is_xrootd_error(e) for e in chain):
         evidence = Verdict(True, True, "xrootd")
@@ -135,7 +189,9 @@ def classify(exc: BaseException,
     for e in chain:
         if isinstance(e, skipbadfiles):
             return Verdict(True, evidence.retryable, type(e).__name__)
-    if evidence.reason == "xrootd" and any(issubclass(OSError, t) for t in skipbadfiles):
+    xrootd = evidence.reason == "xrootd" or (
+        evidence.reason in ("missing", "permission") and any(map(is_xrootd_error, chain)))
+    if xrootd and any(issubclass(OSError, t) for t in skipbadfiles):
         return evidence
     return Verdict(False, evidence.retryable, evidence.reason)
 

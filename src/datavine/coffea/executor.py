@@ -11,85 +11,64 @@ or ``FileMeta`` stays a direct argument, so datavine sees the file the task read
 place it near its data) and a tree of merge tasks, ``merge_fanin`` at a time, so that
 merging runs on the workers and only the final accumulator travels to the client. The graph
 runs on ``cluster`` (a started :class:`datavine.Cluster` or :class:`datavine.LocalCluster`)
-or, by default, on a :class:`datavine.LocalCluster` started for the call on this machine
-(``with executor:`` starts it once for all calls made inside the block).
+or, by default, on a :class:`datavine.LocalCluster` that the executor starts on first use
+and shares with its copies until ``close()``, the end of ``with executor:``, or interpreter
+exit (:mod:`datavine.coffea.session`).
+
+Before a call travels (:mod:`datavine.coffea.prepare`): relative local paths are made
+absolute, a local file that does not exist is reported at once, code the workers cannot
+import is sent by value, and uproot reads through :class:`~datavine.coffea.DatavineSource`
+(the file's XCache shard, with failover and near/far byte accounting).
 
 Failures follow coffea's executor contract: ``(accumulator, 0)``, or the merge of the items
-that succeeded and the first exception, ``(partial, exception)``; a run that fails as a whole
-(no workers, a timeout) raises its error, as there is no partial result. Items never raise on the
-workers (:mod:`datavine.coffea.tasks`); bad files are skipped under ``skipbadfiles`` with a
-wider net than coffea's own (:mod:`datavine.coffea.badfiles`: XRootD errors however wrapped,
-corrupt baskets), reported in a :class:`BadFilesSkippedWarning` and in :attr:`report`.
+that succeeded and the first exception, ``(partial, exception)``. Raised instead: a run that
+fails as a whole (no workers, a timeout), a worker that cannot load the code
+(:class:`~datavine.coffea.tasks.WorkerImportError`, at the first item), a failed
+preprocessing item without ``skipbadfiles`` (coffea's own executors raise it too), and a
+processing call in which no item succeeded (coffea would hide the cause behind "No chunks
+returned results"). Bad files are skipped under ``skipbadfiles`` with a wider net than
+coffea's own (:mod:`datavine.coffea.badfiles`), reported in a
+:class:`BadFilesSkippedWarning` and in :attr:`report`. A work item that overruns its memory
+cap at the ceiling is split in halves by entry range, down to ``split_min_entries``
+(:mod:`datavine.coffea.splitting`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import functools
-import gc
 import os
-import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coffea.processor.accumulator import accumulate
 from coffea.processor.executor import ExecutorBase
 
+from datavine.coffea import prepare
+from datavine.coffea.report import (
+    BadFilesSkippedWarning,
+    CallRecord,
+    ExecutionReport,
+    skipped_message,
+)
+from datavine.coffea.session import EmbeddedCluster
+from datavine.coffea.splitting import split_failed_items
 from datavine.coffea.tasks import (
     ItemFailure,
     ItemPolicy,
     Partial,
+    WorkerImportError,
     decompress,
     merge_partials,
     run_item,
 )
+from datavine.errors import MemoryCapError
 from datavine.graph import Key, add_merge_tree
-
-
-class BadFilesSkippedWarning(UserWarning):
-    """Work items of unreadable files were skipped (``skipbadfiles``); names the files."""
-
-
-@dataclass
-class CallRecord:
-    """What one executor call did."""
-
-    desc: str
-    items: int
-    succeeded: int = 0
-    skipped: list[ItemFailure] = field(default_factory=list)
-    failed: list[ItemFailure] = field(default_factory=list)
-    wall_s: float = 0.0
-    error: str | None = None
-    summary: Any = None
-
-    @property
-    def skipped_files(self) -> list[str]:
-        return list(dict.fromkeys(f.filename or f.item for f in self.skipped))
-
-
-@dataclass
-class ExecutionReport:
-    """Records of every call of an executor and of its copies (``Runner`` copies it)."""
-
-    calls: list[CallRecord] = field(default_factory=list)
-
-    @property
-    def skipped_files(self) -> list[str]:
-        """Files with at least one skipped item, over all calls, in order of appearance."""
-        return list(dict.fromkeys(name for c in self.calls for name in c.skipped_files))
-
-    @property
-    def last(self) -> CallRecord | None:
-        return self.calls[-1] if self.calls else None
-
-    def clear(self) -> None:
-        self.calls.clear()
 
 
 def default_workers() -> int:
@@ -106,7 +85,8 @@ class DatavineExecutor(ExecutorBase):
         cluster : datavine.Cluster, optional
             A started cluster (anything with ``.get(graph, keys)`` and ``.last_summary``).
             ``None`` starts a :class:`datavine.LocalCluster` of ``workers`` x ``cores`` on
-            this machine for each call and stops it after.
+            this machine at the first call, shared by this executor and its copies until
+            ``close()`` (or ``with executor:`` ends, or the interpreter exits).
         workers, cores, memory_mb : embedded cluster's size (default: one 1-core worker per
             core here).
         merge_fanin : results merged per merge task (>= 2).
@@ -116,13 +96,22 @@ class DatavineExecutor(ExecutorBase):
         skipbadfiles : ``None`` takes the ``Runner``'s setting; ``True``/``False``/a tuple
             of exception types overrides it for the items this executor runs.
         run_timeout_s : bound on one call on the embedded cluster (``RunConfig.timeout_s``).
-        pickle_by_value : modules (names) that the workers cannot import, such as the
-            module of your processor class: cloudpickle sends their classes and functions
-            by value (``Runner`` pickles the processor on the client). A processor defined
-            in ``__main__`` travels by value anyway.
+        pickle_by_value : modules (names) to send by value in any case. Modules that a
+            fresh interpreter of this Python cannot import (a file next to your script, a
+            notebook's helpers) are found and sent by value without being named here.
+        shardmap : the XCache shards (:class:`datavine.shards.ShardMap`) the embedded
+            cluster reads through (a given ``cluster`` uses its own ``RunConfig.shardmap``).
+        memory : the embedded cluster's :class:`datavine.memory.MemoryPolicy`
+            (``"default"``: datavine's; ``None``: no caps, no splitting).
+        split_min_entries : a work item over its memory cap at the ceiling is split in
+            halves by entry range while the halves have at least this many entries.
+        x509_proxy : a proxy file sent with every item (``X509_USER_PROXY`` on the worker);
+            ``None`` looks for one as coffea does (``$X509_USER_PROXY``, then
+            ``$TMPDIR/x509up_u<uid>``); ``False`` sends none.
+        extra_input_files : small files (configs, corrections) placed in each item's
+            working directory on the worker, by their base name.
         report : where calls are recorded; shared with copies (``Runner`` runs copies).
-        embedded : the cluster started by ``with executor:`` (set by ``__enter__``; copies
-            made inside the ``with`` use it, so preprocessing and processing share workers).
+        session : the embedded cluster, shared with copies (made when not given).
         status, unit, desc, compression, function_name : as for coffea's executors;
             ``status`` shows datavine's progress bar on the embedded cluster.
     """
@@ -137,8 +126,13 @@ class DatavineExecutor(ExecutorBase):
     skipbadfiles: bool | tuple[type[BaseException], ...] | None = None
     run_timeout_s: float | None = None
     pickle_by_value: tuple[str, ...] = ()
+    shardmap: Any = None
+    memory: Any = "default"
+    split_min_entries: int = 1
+    x509_proxy: str | bool | None = None
+    extra_input_files: tuple[str, ...] = ()
     report: ExecutionReport | None = None
-    embedded: Any = None
+    session: EmbeddedCluster | None = None
 
     def __post_init__(self) -> None:
         if self.merge_fanin < 2:
@@ -150,51 +144,103 @@ class DatavineExecutor(ExecutorBase):
         if self.cluster is not None and not callable(getattr(self.cluster, "get", None)):
             raise TypeError(f"DatavineExecutor.cluster must be a started datavine cluster, "
                             f"got {type(self.cluster).__name__}")
+        if self.split_min_entries < 1:
+            raise ValueError("DatavineExecutor.split_min_entries must be >= 1, got "
+                             f"{self.split_min_entries}")
         if self.report is None:
             self.report = ExecutionReport()
+        if self.session is None:
+            self.session = EmbeddedCluster()
         self.pickle_by_value = tuple(self.pickle_by_value)
+        self.extra_input_files = tuple(str(f) for f in self.extra_input_files)
         for name in self.pickle_by_value:
             register_by_value(name)
 
     def __enter__(self) -> DatavineExecutor:
-        """Start the embedded cluster once for several calls (``Runner`` makes two)."""
-        if self.cluster is None and self.embedded is None:
-            stack = contextlib.ExitStack()
-            self.embedded = (stack, stack.enter_context(self._local_cluster()))
+        """Start the embedded cluster now (it would start at the first call anyway)."""
+        if self.cluster is None:
+            self._embedded_cluster()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.embedded is not None:
-            stack, _ = self.embedded
-            self.embedded = None
-            stack.close()
+        self.close()
+
+    def close(self) -> None:
+        """Stop the embedded cluster, if one runs (shared with this executor's copies)."""
+        if self.session is not None:
+            self.session.close()
 
     def __call__(self, items: Iterable[Any], function: Callable[[Any], Any],
                  accumulator: Any) -> tuple[Any, Any]:
-        items = list(items)
+        items = prepare.absolute_paths(list(items))
         record = CallRecord(self.desc, len(items))
         assert self.report is not None
         self.report.calls.append(record)
         if not items:
             return accumulator, 0
         inner, policy = self.item_policy(function)
-        graph, final = build_graph(items, inner, policy, self.merge_fanin, self._task_prefix())
+        inner, record.shipped_by_value = prepare.ship_code(inner)
+        inner = prepare.with_datavine_reads(inner)
+        items, skipped = self._drop_missing(items, policy)
         started = time.monotonic()
         try:
-            with self._cluster() as cluster:
-                partial: Partial = cluster.get(graph, [final])[0]
-                record.summary = getattr(cluster, "last_summary", None)
+            partial = self._run(items, inner, policy, record) if items else Partial()
         except Exception as exc:
-            # The run itself failed (no workers, timeout, a cluster that does not start):
-            # no item's output came back, so there is no partial result to return, and
-            # Runner would hide the cause behind "No chunks returned results".
             record.error = f"{type(exc).__name__}: {exc}"
             record.wall_s = time.monotonic() - started
-            exc.add_note(f"datavine: the {self.desc.lower()} run of {len(items)} coffea work "
-                         "item(s) failed as a whole")
+            if not isinstance(exc, WorkerImportError):
+                # The run itself failed (no workers, timeout, a cluster that does not
+                # start): no item's output came back, so there is no partial result.
+                exc.add_note(f"datavine: the {self.desc.lower()} run of {len(items)} coffea "
+                             "work item(s) failed as a whole")
             raise
         record.wall_s = time.monotonic() - started
+        partial.failures[:0] = skipped
         return self._finish(record, partial, accumulator)
+
+    def _run(self, items: list[Any], function: Callable[[Any], Any], policy: ItemPolicy,
+             record: CallRecord) -> Partial:
+        """Run the items' graph; items over their memory cap at the ceiling are split in
+        halves and the graph run again with the halves (its other items too: a failed run
+        keeps no results), until no item overruns or one cannot be split further."""
+        cluster = self._cluster()
+        while True:
+            graph, final = build_graph(items, function, policy, self.merge_fanin,
+                                       self._task_prefix())
+            try:
+                partial: Partial = cluster.get(graph, [final])[0]
+            except MemoryCapError as exc:
+                record.summary = getattr(cluster, "last_summary", None)
+                items, split = split_failed_items(items, graph, exc, self.split_min_entries)
+                record.splits.append(split)
+                continue
+            record.summary = getattr(cluster, "last_summary", None)
+            return partial
+
+    def _drop_missing(self, items: list[Any],
+                      policy: ItemPolicy) -> tuple[list[Any], list[ItemFailure]]:
+        """Items whose local file does not exist here are skipped (under a ``skipbadfiles``
+        that covers ``FileNotFoundError``) or reported at once, never sent to workers."""
+        missing = prepare.missing_local_files(items)
+        if not missing:
+            return items, []
+        skip = policy.skipbadfiles
+        skippable = skip is True or (isinstance(skip, tuple) and any(
+            issubclass(FileNotFoundError, t) for t in skip))
+        item = missing[0][1]
+        error = FileNotFoundError(errno.ENOENT, "No such file or directory", item.filename)
+        if not skippable or policy.report_skippable:
+            names = ", ".join(repr(i.filename) for _, i in missing[:5])
+            error.add_note(f"datavine: {len(missing)} of the {len(items)} work item(s) of this "
+                           f"{self.desc.lower()} call name local files that do not exist on "
+                           f"this machine ({names}{' ...' if len(missing) > 5 else ''}); "
+                           "nothing was sent to the workers")
+            raise error
+        skipped = [ItemFailure.capture(i, it, FileNotFoundError(
+            errno.ENOENT, "No such file or directory", it.filename), 0, True, "missing")
+            for i, it in missing]
+        gone = {i for i, _ in missing}
+        return [it for i, it in enumerate(items) if i not in gone], skipped
 
     # ------------------------------------------------------------------------------------
     def item_policy(self, function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any],
@@ -204,44 +250,41 @@ class DatavineExecutor(ExecutorBase):
         skip = self.skipbadfiles
         if skip is None:
             skip = runner.get("skipbadfiles", False) or False
+        proxy = find_x509_proxy(self.x509_proxy)
         return inner, ItemPolicy(
             retries=runner.get("retries", self.retries), skipbadfiles=skip,
             report_skippable=bool(runner.get("use_result_type", False)),
-            retry_delay_s=self.retry_delay_s, compression=self.compression)
+            retry_delay_s=self.retry_delay_s, compression=self.compression,
+            x509_proxy=proxy.read_bytes() if proxy is not None else None,
+            extra_files=tuple((Path(f).name, Path(f).read_bytes())
+                              for f in self.extra_input_files))
 
     def _task_prefix(self) -> str:
         name = self.function_name or ("get_metadata" if self.desc == "Preprocessing"
                                       else "coffea")
         return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "coffea"
 
-    @contextlib.contextmanager
-    def _cluster(self) -> Iterator[Any]:
-        if self.cluster is not None:
-            yield self.cluster
-        elif self.embedded is not None:
-            yield self.embedded[1]
-        else:
-            with self._local_cluster() as cluster:
-                yield cluster
+    def _cluster(self) -> Any:
+        return self.cluster if self.cluster is not None else self._embedded_cluster()
 
-    @contextlib.contextmanager
-    def _local_cluster(self) -> Iterator[Any]:
+    def _embedded_cluster(self) -> Any:
+        assert self.session is not None
+        return self.session.get(self._make_local_cluster)
+
+    def _make_local_cluster(self, run_dir: Path) -> Any:
         from datavine.cluster import LocalCluster
         from datavine.config import ManagerConfig, RunConfig
 
-        with tempfile.TemporaryDirectory(prefix="datavine-coffea-",
-                                         ignore_cleanup_errors=True) as run_dir:
-            run = RunConfig(progress=self.status, timeout_s=self.run_timeout_s,
-                            pickle_by_value=self.pickle_by_value)
-            cluster = LocalCluster(workers=self.workers or default_workers(), cores=self.cores,
-                                   memory_mb=self.memory_mb,
-                                   manager=ManagerConfig(run_dir=Path(run_dir)), run=run)
-            try:
-                with cluster:
-                    yield cluster
-            finally:
-                del cluster
-                gc.collect()  # the TaskVine manager writes its last logs when collected
+        run = RunConfig(progress=self.status, timeout_s=self.run_timeout_s,
+                        pickle_by_value=self.pickle_by_value, shardmap=self.shardmap)
+        if self.memory != "default":
+            run = run.replace(memory=self.memory)
+        racks: tuple[str, ...] = ()
+        if self.shardmap is not None:  # workers split over the shards' racks
+            racks = tuple(dict.fromkeys(s.rack for s in self.shardmap.shards if s.rack))
+        return LocalCluster(workers=self.workers or default_workers(), cores=self.cores,
+                            memory_mb=self.memory_mb, racks=racks,
+                            manager=ManagerConfig(run_dir=run_dir), run=run)
 
     def _finish(self, record: CallRecord, partial: Partial,
                 accumulator: Any) -> tuple[Any, Any]:
@@ -257,6 +300,14 @@ class DatavineExecutor(ExecutorBase):
         if len(record.failed) > 1:
             exc.add_note(f"datavine: {len(record.failed) - 1} more work item(s) failed: "
                          + "; ".join(f.error[:200] for f in record.failed[1:6]))
+        if self.desc == "Preprocessing" or partial.items == 0:
+            # Runner ignores a preprocessing executor's exception and then fails with
+            # "Metadata for file ... could not be accessed", and when nothing succeeded
+            # with "No chunks returned results": either hides the cause. Raise it here.
+            exc.add_note(f"datavine: {len(record.failed)} of {record.items} work item(s) of "
+                         f"this {self.desc.lower()} call failed, {partial.items} succeeded")
+            exc.partial_output = out  # type: ignore[attr-defined]
+            raise exc
         return out, exc
 
 
@@ -272,6 +323,24 @@ def register_by_value(module_name: str) -> None:
         raise ValueError(f"DatavineExecutor.pickle_by_value: cannot import {module_name!r}: "
                          f"{exc}") from exc
     cloudpickle.register_pickle_by_value(module)
+
+
+def find_x509_proxy(setting: str | bool | None) -> Path | None:
+    """The proxy to send: ``setting`` when a path, none when ``False``; for ``None`` as
+    coffea's TaskVineExecutor looks: ``$X509_USER_PROXY``, then ``$TMPDIR/x509up_u<uid>``."""
+    if setting is False:
+        return None
+    if isinstance(setting, (str, os.PathLike)) and setting:
+        path = Path(setting)
+        if not path.is_file():
+            raise FileNotFoundError(errno.ENOENT, "DatavineExecutor.x509_proxy: no such file",
+                                    str(path))
+        return path
+    env = os.environ.get("X509_USER_PROXY")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    default = Path(os.environ.get("TMPDIR", "/tmp")) / f"x509up_u{os.getuid()}"
+    return default if default.is_file() else None
 
 
 def unwrap_automatic_retries(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any],
@@ -308,12 +377,3 @@ def build_graph(items: list[Any], function: Callable[[Any], Any], policy: ItemPo
                            key=lambda depth, j: (f"{prefix}-merge", token, depth, j),
                            task=lambda keys: (merge_partials, keys, policy.compression))
     return graph, final
-
-
-def skipped_message(record: CallRecord) -> str:
-    files = record.skipped_files
-    shown = "; ".join(f"{f.filename or f.item} ({f.reason or 'error'}: {f.error[:160]})"
-                      for f in record.skipped[:10])
-    more = f"; and {len(record.skipped) - 10} more" if len(record.skipped) > 10 else ""
-    return (f"{record.desc}: skipped {len(record.skipped)} work item(s) of {len(files)} bad "
-            f"file(s): {shown}{more}")

@@ -1,10 +1,17 @@
 """Worker side of :class:`~datavine.coffea.DatavineExecutor`: one work item, and merges.
 
-These functions run inside datavine tasks on TaskVine workers and never raise: an item's
-exception is caught, classified (:mod:`datavine.coffea.badfiles`), retried when a retry can
-help, and sent back as an :class:`ItemFailure` value inside a :class:`Partial`, so that one
-bad item cannot abort the graph and the executor can still return the merge of the items
-that succeeded, as coffea's executors do.
+These functions run inside datavine tasks on TaskVine workers. An item's exception is
+caught, classified (:mod:`datavine.coffea.badfiles`), retried when a retry can help (not a
+missing or unreadable file, corrupt data, or the same user exception twice in a row), and
+sent back as an :class:`ItemFailure` value inside a :class:`Partial`, so that one bad item
+cannot abort the graph and the executor can still return the merge of the items that
+succeeded, as coffea's executors do. One exception is raised instead: code that cannot be
+loaded on the worker (:class:`WorkerImportError`) fails every item the same way, so it stops
+the run at the first one.
+
+Reads go through :class:`datavine.coffea.source.DatavineSource` (the executor sets it as
+uproot's handler): an XRootD error in an item that read from a shard cools that shard down
+and runs the item again, on the next shard, without counting it as a retry.
 
 A :class:`Partial` holds the merged accumulator of some items (lz4-compressed pickle when
 the executor's ``compression`` is set, as coffea's executors do between worker and client),
@@ -14,16 +21,24 @@ results equal :class:`coffea.processor.IterativeExecutor`'s.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import pickle
+import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
-from datavine.coffea.badfiles import classify
+from datavine import reading
+from datavine.coffea.badfiles import classify, missing_module
+from datavine.coffea.source import shards_used_since
+from datavine.errors import DatavineError
 
 _MAX_CAUSES = 16
 _MAX_TEXT = 4000
@@ -31,6 +46,31 @@ _MAX_TEXT = 4000
 
 class ItemFailedError(RuntimeError):
     """A work item's exception that could not be brought back from the worker as itself."""
+
+
+class WorkerImportError(DatavineError):
+    """A worker could not load a work item's code (a module missing there): every item
+    would fail the same way, so the run stops at the first one."""
+
+    def __init__(self, message: str, module: str = "") -> None:
+        super().__init__(message)
+        self.module = module
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.module))
+
+    @classmethod
+    def of(cls, exc: BaseException, item: Any, index: int) -> WorkerImportError:
+        module = missing_module(exc) or ""
+        named = f"module {module!r}" if module else "a module"
+        fix = (f"DatavineExecutor(pickle_by_value=({module.split('.')[0]!r},))" if module
+               else "DatavineExecutor(pickle_by_value=('<your module>',))")
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(f"work item {index} ({repr(item)[:300]}) cannot load {named} on this "
+                   f"worker: {type(exc).__name__}: {exc}. The workers cannot import the "
+                   f"code this item needs: install {module or 'it'} in the workers' "
+                   f"environment, or send it by value with {fix}.\n"
+                   f"remote traceback:\n{tb[-4 * _MAX_TEXT:]}", module)
 
 
 @dataclass(frozen=True)
@@ -45,6 +85,9 @@ class ItemPolicy:
             run's exception instead of being skipped.
         retry_delay_s: pause before attempt ``n + 1``: ``n * retry_delay_s`` seconds.
         compression: lz4 level for the item's output, or ``None``.
+        x509_proxy: the proxy's bytes: written to a private file on the worker, named by
+            ``X509_USER_PROXY`` while the item runs.
+        extra_files: (name, bytes) written into the task's working directory.
     """
 
     retries: int = 0
@@ -52,6 +95,8 @@ class ItemPolicy:
     report_skippable: bool = False
     retry_delay_s: float = 0.0
     compression: int | None = None
+    x509_proxy: bytes | None = field(default=None, repr=False)
+    extra_files: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
 
 
 @dataclass
@@ -102,17 +147,40 @@ class Partial:
     failures: list[ItemFailure] = field(default_factory=list)
 
 
+MAX_FAILOVERS = 8  # shards an item may move through after XRootD errors in its reads
+
+
 def run_item(function: Callable[[Any], Any], item: Any, index: int,
              policy: ItemPolicy) -> Partial:
-    """Run ``function(item)`` under ``policy``; never raises."""
-    attempts = 0
+    """Run ``function(item)`` under ``policy``. Raises only :class:`WorkerImportError`."""
+    with item_files(policy):
+        return _run_item(function, item, index, policy)
+
+
+def _run_item(function: Callable[[Any], Any], item: Any, index: int,
+              policy: ItemPolicy) -> Partial:
+    ctx = reading.current()
+    attempts = failovers = 0
+    last_error = ""
     while True:
         attempts += 1
+        first_read = len(ctx.opened) if ctx is not None else 0
         try:
             out = function(item)
         except Exception as exc:
             verdict = classify(exc, policy.skipbadfiles)
-            if verdict.retryable and attempts <= policy.retries:
+            if verdict.load_error:
+                raise WorkerImportError.of(exc, item, index) from None
+            shards = shards_used_since(ctx, first_read)
+            if shards and verdict.reason == "xrootd" and failovers < MAX_FAILOVERS:
+                _fail_over(ctx, first_read, exc)
+                failovers += 1
+                attempts -= 1  # the next shard is a new server, not a retry
+                continue
+            error = f"{type(exc).__name__}: {exc}"
+            repeated = verdict.reason == "" and error == last_error  # a bug, not bad luck
+            last_error = error
+            if verdict.retryable and not repeated and attempts <= policy.retries:
                 time.sleep(policy.retry_delay_s * attempts)
                 continue
             skipped = verdict.bad_file and not policy.report_skippable
@@ -125,6 +193,55 @@ def run_item(function: Callable[[Any], Any], item: Any, index: int,
                 index, item, TypeError(f"the output of work item {index} cannot be "
                                        f"pickled: {exc}"), attempts, False, "")])
         return Partial(value=value, items=1)
+
+
+def _fail_over(ctx: reading.ReadContext | None, first_read: int, exc: BaseException) -> None:
+    """Cool down the shards the failed attempt read from, and note the error on their read
+    records (the run summary counts it as a failover; the library learns the shard)."""
+    assert ctx is not None
+    now = time.monotonic()
+    message = f"{type(exc).__name__}: {str(exc)[:300]}"
+    for i in range(first_read, len(ctx.opened)):
+        handle, lfn, server, rack, failovers, errors = ctx.opened[i]
+        if server in ("local", "direct", "origin"):
+            continue
+        reading.shard_health().mark_failed(server, now)
+        ctx.opened[i] = (handle, lfn, server, rack, failovers, (*errors, (server, message)))
+
+
+@contextlib.contextmanager
+def item_files(policy: ItemPolicy) -> Iterator[None]:
+    """Put the policy's extra files in the working directory (the task's sandbox) and its
+    X509 proxy in a private file named by ``X509_USER_PROXY``, for the item's duration."""
+    for name, blob in policy.extra_files:
+        path = Path(name)
+        if not path.exists() or path.stat().st_size != len(blob):
+            path.write_bytes(blob)
+    if policy.x509_proxy is None:
+        yield
+        return
+    proxy = _private_file("x509up", policy.x509_proxy)
+    previous = os.environ.get("X509_USER_PROXY")
+    os.environ["X509_USER_PROXY"] = str(proxy)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("X509_USER_PROXY", None)
+        else:
+            os.environ["X509_USER_PROXY"] = previous
+
+
+def _private_file(stem: str, blob: bytes) -> Path:
+    """``blob`` in a file only this user can read, one per content, reused by later items."""
+    directory = Path(tempfile.gettempdir()) / f"datavine-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    path = directory / f"{stem}-{hashlib.sha256(blob).hexdigest()[:16]}"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(blob)
+    return path
 
 
 def merge_partials(parts: Sequence[Partial], compression: int | None) -> Partial:
