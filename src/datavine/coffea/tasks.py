@@ -211,37 +211,59 @@ def _fail_over(ctx: reading.ReadContext | None, first_read: int, exc: BaseExcept
 
 @contextlib.contextmanager
 def item_files(policy: ItemPolicy) -> Iterator[None]:
-    """Put the policy's extra files in the working directory (the task's sandbox) and its
-    X509 proxy in a private file named by ``X509_USER_PROXY``, for the item's duration."""
-    for name, blob in policy.extra_files:
-        path = Path(name)
-        if not path.exists() or path.stat().st_size != len(blob):
-            path.write_bytes(blob)
-    if policy.x509_proxy is None:
+    """Run the item in a private folder holding the policy's extra files (as its working
+    directory: the long-lived capped child's own may be a finished call's deleted sandbox),
+    with its X509 proxy in a private file named by ``X509_USER_PROXY``."""
+    with contextlib.ExitStack() as stack:
+        if policy.extra_files:
+            folder = _private_dir("files-" + hashlib.sha256(b"".join(
+                name.encode() + b"\0" + blob for name, blob in policy.extra_files
+            )).hexdigest()[:16])
+            for name, blob in policy.extra_files:
+                path = folder / name
+                if not path.exists() or path.stat().st_size != len(blob):
+                    path.write_bytes(blob)
+            stack.enter_context(_working_dir(folder))
+        if policy.x509_proxy is not None:
+            proxy = _private_dir("x509") / hashlib.sha256(policy.x509_proxy).hexdigest()[:16]
+            if not proxy.exists():
+                fd = os.open(proxy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(policy.x509_proxy)
+            stack.callback(_restore_env, "X509_USER_PROXY", os.environ.get("X509_USER_PROXY"))
+            os.environ["X509_USER_PROXY"] = str(proxy)
         yield
-        return
-    proxy = _private_file("x509up", policy.x509_proxy)
-    previous = os.environ.get("X509_USER_PROXY")
-    os.environ["X509_USER_PROXY"] = str(proxy)
+
+
+@contextlib.contextmanager
+def _working_dir(folder: Path) -> Iterator[None]:
+    """``os.chdir(folder)`` for the block; back to the previous folder if it still exists."""
+    try:
+        previous: str | None = os.getcwd()
+    except FileNotFoundError:  # a deleted sandbox
+        previous = None
+    os.chdir(folder)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop("X509_USER_PROXY", None)
-        else:
-            os.environ["X509_USER_PROXY"] = previous
+        with contextlib.suppress(OSError, TypeError):
+            os.chdir(previous)  # type: ignore[arg-type]
 
 
-def _private_file(stem: str, blob: bytes) -> Path:
-    """``blob`` in a file only this user can read, one per content, reused by later items."""
-    directory = Path(tempfile.gettempdir()) / f"datavine-{os.getuid()}"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    path = directory / f"{stem}-{hashlib.sha256(blob).hexdigest()[:16]}"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(blob)
-    return path
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _private_dir(name: str) -> Path:
+    """A folder only this user can enter, under the temp dir, reused by later items."""
+    base = Path(tempfile.gettempdir()) / f"datavine-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    folder = base / name
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
 
 def merge_partials(parts: Sequence[Partial], compression: int | None) -> Partial:
