@@ -274,6 +274,9 @@ class GraphRun:
         self.summary.tasks += len(bundle.keys)
         self.summary.hosts[result.get("host", "?")] += len(bundle.keys)
         self.progress.advance(len(bundle.keys))
+        hook = getattr(self.rt, "result_hook", None)  # e.g. the coffea executor's progress
+        if hook is not None:
+            hook(bundle.keys, {k: self.values[k] for k in result["values"] if k in self.values})
 
     def _note_worker(self, result: dict[str, Any], task: Any, bundle: Bundle) -> str:
         reads = result.get("reads", ())
