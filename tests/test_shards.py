@@ -176,3 +176,18 @@ def test_invalid_maps_are_refused() -> None:
         ShardMap.from_urls(["root://a", "root://b"], racks=["A"])
     smap = ShardMap.from_urls(["root://a", "root://b"], racks=["A", "B"], origin="root://o")
     assert smap.rack_for("/f.root") in {"A", "B"} and len(smap) == 2
+
+
+def test_weights_split_the_files_in_proportion_and_equal_weights_keep_the_plain_map() -> None:
+    lfns = [f"/store/w/{i}.root" for i in range(4000)]
+    plain = ShardMap([Shard("root://a:1", name="a"), Shard("root://b:1", name="b")])
+    same = ShardMap([Shard("root://a:1", name="a", weight=3.0),
+                     Shard("root://b:1", name="b", weight=3.0)])
+    assert [plain.shard_for(f).name for f in lfns] == [same.shard_for(f).name for f in lfns]
+    weighted = ShardMap([Shard("root://a:1", name="a", weight=1.0),
+                         Shard("root://b:1", name="b", weight=3.0)])
+    share_b = sum(weighted.shard_for(f).name == "b" for f in lfns) / len(lfns)
+    assert 0.72 < share_b < 0.78
+    assert all(weighted.ranked(f)[0] == weighted.shard_for(f) for f in lfns[:200])
+    with pytest.raises(ValueError, match="weight"):
+        Shard("root://c:1", weight=0.0)

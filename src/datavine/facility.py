@@ -133,7 +133,7 @@ RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "wait_s": _float, "progress": _bool, "preload": _str_list,
                              "pickle_by_value": _str_list, "max_library_failures": _int}
 XCACHE_KEYS: dict[str, Kind] = {"origin": _str, "export_root": _path, "shards": lambda v, w: v}
-SHARD_KEYS: dict[str, Kind] = {"url": _str, "rack": _str, "name": _str}
+SHARD_KEYS: dict[str, Kind] = {"url": _str, "rack": _str, "name": _str, "weight": _float}
 MEMORY_KEYS: dict[str, Kind] = {"enabled": _bool, "default_mb": _float, "ceiling_mb": _float,
                                 "floor_mb": _float, "headroom": _float, "growth": _float,
                                 "per_category": _float_map, "step_mb": _float,
@@ -223,6 +223,10 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
         doc = tomllib.loads(path.read_text())
     except OSError as exc:
         raise FacilityError(path, "(file)", f"cannot read it: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise FacilityError(path, "(file)", f"not UTF-8 text (byte {exc.start}: "
+                            f"{exc.object[exc.start:exc.start + 1]!r}); TOML files are UTF-8"
+                            ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise FacilityError(path, "(file)", f"not valid TOML: {exc}") from exc
     for section in doc:

@@ -15,6 +15,7 @@ feature); this module does not know about TaskVine.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -116,12 +117,20 @@ def score(task: TaskInputs, worker: WorkerView) -> Score:
     """How near ``worker`` is to ``task``'s data."""
     # Reads go through the file's shard: a worker outside that shard's rack that read the
     # file before is still far from it.
-    cached = sum(1 for f in task.files if f in worker.files_read
-                 and task.racks.get(f) in (None, worker.rack))
+    cached = 0
+    if worker.files_read:
+        cached = sum(1 for f in task.files if f in worker.files_read
+                     and task.racks.get(f) in (None, worker.rack))
     in_rack = 0
     if worker.rack is not None:
         in_rack = sum(1 for f in task.files if task.racks.get(f) == worker.rack)
     tier = Tier.CACHED if cached else Tier.RACK if in_rack else Tier.FAR
+    return _score(tier, cached, in_rack)
+
+
+@functools.lru_cache(maxsize=4096)
+def _score(tier: Tier, cached: int, in_rack: int) -> Score:
+    """Scores are small and immutable: share them (decisions score every worker)."""
     return Score(tier, cached, in_rack)
 
 
@@ -142,7 +151,10 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
 
     scores = {w.id: score(task, w) for w in workers}
     best_connected = max(s.tier for s in scores.values())
-    free = [w for w in rank_workers(task, workers) if w.free_slots > 0]
+    # rank_workers' order restricted to free workers, each scored once: at facility size
+    # (hundreds of workers, most of them busy) this is most of a decision's cost.
+    free = sorted(sorted((w for w in workers if w.free_slots > 0), key=lambda w: w.id),
+                  key=lambda w: (scores[w.id], w.free_slots), reverse=True)
     best_free = max((scores[w.id].tier for w in free), default=None)
 
     # The tier we still insist on, given how long the task has waited.

@@ -13,6 +13,7 @@ computes the same map. This module is pure: no I/O, no clocks; callers pass ``no
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,10 +39,13 @@ class Shard:
     url: str
     rack: str | None = None
     name: str = ""
+    weight: float = 1.0  # share of the files, relative to the other shards (e.g. its Gbps)
 
     def __post_init__(self) -> None:
         if not self.name:
             object.__setattr__(self, "name", self.url.rstrip("/"))
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"shard {self.name}: weight must be > 0, got {self.weight}")
 
     @property
     def is_origin(self) -> bool:
@@ -62,6 +66,17 @@ def logical_name(url: str) -> str:
 def _weight(shard_name: str, lfn: str) -> int:
     digest = hashlib.blake2b(f"{shard_name}\0{lfn}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
+
+
+def _weighted_key(shard: Shard, lfn: str) -> tuple[float, str]:
+    """Weighted rendezvous hashing: ``weight / -ln(u)``, ``u`` the hash in (0, 1), gives
+    each shard a share of the files proportional to its weight (higher is preferred)."""
+    v = (2**64 - _weight(shard.name, lfn)) / 2**64  # 1 - u, in (0, 1], exact integers
+    return shard.weight / -math.log1p(-v), shard.name
+
+
+def _plain_key(shard: Shard, lfn: str) -> tuple[int, str]:
+    return _weight(shard.name, lfn), shard.name
 
 
 def rewrite_url(url: str, base: str) -> str:
@@ -129,6 +144,9 @@ class ShardMap:
             raise ValueError(f"{ORIGIN_NAME!r} is reserved for the origin")
         self.origin: Shard | None = (
             Shard(url=origin, name=ORIGIN_NAME) if origin is not None else None)
+        # Equal weights keep the plain hash order (the map of a map without weights).
+        self._key = (_weighted_key if len({s.weight for s in self.shards}) > 1
+                     else _plain_key)
 
     @classmethod
     def from_urls(cls, urls: Sequence[str], racks: Sequence[str | None] | None = None,
@@ -144,12 +162,12 @@ class ShardMap:
     def ranked(self, lfn_or_url: str) -> list[Shard]:
         """All shards, best first: the failover order for this file."""
         lfn = logical_name(lfn_or_url)
-        return sorted(self.shards, key=lambda s: (_weight(s.name, lfn), s.name), reverse=True)
+        return sorted(self.shards, key=lambda s: self._key(s, lfn), reverse=True)
 
     def shard_for(self, lfn_or_url: str) -> Shard:
         """The shard that owns the file when every shard is healthy."""
         lfn = logical_name(lfn_or_url)
-        return max(self.shards, key=lambda s: (_weight(s.name, lfn), s.name))
+        return max(self.shards, key=lambda s: self._key(s, lfn))
 
     def rack_for(self, lfn_or_url: str) -> str | None:
         return self.shard_for(lfn_or_url).rack

@@ -30,6 +30,9 @@ class KnownWorker:
     named: bool = False  # has the feature worker:<id>
     addrport: str | None = None
     files_read: set[str] = field(default_factory=set)
+    # views() hands placement a frozenset per worker per decision; copy the set only when
+    # it changed (learn), not for every decision (O(workers) instead of O(files read)).
+    frozen: frozenset[str] = field(default_factory=frozenset, repr=False)
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,14 @@ class Topology:
         self.bundles_per_core = bundles_per_core
         self.workers: dict[str, KnownWorker] = {}
         self.inflight: Counter[Target] = Counter()
+        self._views: list[WorkerView] | None = None  # until a worker or a count changes
+        self._view_of: dict[str, WorkerView] = {}  # last view per worker, reused if unchanged
 
     def announce(self, worker_id: str, rack: str | None, cores: int) -> None:
         """A named worker datavine started itself (it may not be connected yet)."""
         known = self.workers.setdefault(worker_id, KnownWorker(worker_id, rack, cores, True))
         known.rack, known.cores, known.named = rack, cores, True
+        self._views = None
 
     def learn(self, worker_id: str | None, rack: str | None, addrport: str | None,
               files: Iterable[str] = ()) -> KnownWorker | None:
@@ -69,12 +75,16 @@ class Topology:
         wid = worker_id or addrport
         if wid is None:
             return None
+        self._views = None
         known = self.workers.get(wid)
         if known is None:
             known = self.workers[wid] = KnownWorker(wid, rack, named=worker_id is not None)
         known.rack = rack or known.rack
         known.addrport = addrport or known.addrport
+        before = len(known.files_read)
         known.files_read.update(files)
+        if len(known.files_read) != before:
+            known.frozen = frozenset(known.files_read)
         return known
 
     def forget_missing(self, alive_addrports: set[str]) -> list[str]:
@@ -83,21 +93,37 @@ class Topology:
                 if w.addrport is not None and w.addrport not in alive_addrports]
         for wid in gone:
             del self.workers[wid]
+        if gone:
+            self._views = None
         return gone
 
     def views(self) -> list[WorkerView]:
-        """What placement sees: each worker's rack, free bundle slots and files read."""
+        """What placement sees: each worker's rack, free bundle slots and files read.
+
+        Kept until a worker or an in-flight count changes: a loop that holds many bundles
+        in a row asks for the same views each time."""
+        if self._views is not None and len(self._views) == len(self.workers):
+            return self._views  # (a worker deleted from ``workers`` directly changes len)
         rack_cores: Counter[str | None] = Counter()
         for w in self.workers.values():
             rack_cores[w.rack] += w.cores
+        # in-flight counts per worker and per rack, read once (not a Target per worker)
+        per_worker = {t.worker: n for t, n in self.inflight.items() if t.worker is not None}
+        per_rack = {t.rack: n for t, n in self.inflight.items()
+                    if t.worker is None and t.rack is not None}
         out = []
         for w in self.workers.values():
-            busy = self.inflight[Target(worker=w.id)]
+            busy = per_worker.get(w.id, 0)
             if w.rack is not None and rack_cores[w.rack]:
-                share = self.inflight[Target(rack=w.rack)] * w.cores / rack_cores[w.rack]
+                share = per_rack.get(w.rack, 0) * w.cores / rack_cores[w.rack]
                 busy += int(share + 0.999)
             free = w.cores * self.bundles_per_core - busy
-            out.append(WorkerView(w.id, w.rack, free, frozenset(w.files_read)))
+            view = self._view_of.get(w.id)
+            if view is None or (view.rack, view.free_slots, view.files_read) != (
+                    w.rack, free, w.frozen):
+                view = self._view_of[w.id] = WorkerView(w.id, w.rack, free, w.frozen)
+            out.append(view)
+        self._views = out
         return out
 
     def target(self, placement: Placement) -> Target:
@@ -116,8 +142,10 @@ class Topology:
 
     def sent(self, target: Target) -> None:
         self.inflight[target] += 1
+        self._views = None
 
     def returned(self, target: Target) -> None:
+        self._views = None
         self.inflight[target] -= 1
         if self.inflight[target] <= 0:
             del self.inflight[target]
