@@ -6,6 +6,7 @@ Client side:
 - :mod:`~datavine.coffea.prepare`: paths made absolute, missing files, code sent by value;
 - :mod:`~datavine.coffea.session`: the embedded cluster an executor and its copies share;
 - :mod:`~datavine.coffea.splitting`: items over the memory ceiling split in halves (pure);
+- :mod:`~datavine.coffea.progress`: counts in events, and what finished (for Ctrl-C);
 - :mod:`~datavine.coffea.report`: what each call did.
 
 Worker side:
@@ -21,7 +22,12 @@ Importing this package imports coffea (the ``coffea`` extra).
 
 from datavine.coffea.badfiles import Verdict, classify, exception_chain
 from datavine.coffea.executor import DatavineExecutor
-from datavine.coffea.report import BadFilesSkippedWarning, CallRecord, ExecutionReport
+from datavine.coffea.report import (
+    BadFilesSkippedWarning,
+    CallRecord,
+    ExecutionReport,
+    PartialResultWarning,
+)
 from datavine.coffea.source import DatavineSource
 from datavine.coffea.tasks import ItemFailedError, ItemFailure, WorkerImportError
 
@@ -33,6 +39,7 @@ __all__ = [
     "ExecutionReport",
     "ItemFailedError",
     "ItemFailure",
+    "PartialResultWarning",
     "Verdict",
     "WorkerImportError",
     "classify",

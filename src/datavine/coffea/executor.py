@@ -50,10 +50,12 @@ from coffea.processor.accumulator import accumulate
 from coffea.processor.executor import ExecutorBase
 
 from datavine.coffea import prepare
+from datavine.coffea.progress import CallProgress, result_hook
 from datavine.coffea.report import (
     BadFilesSkippedWarning,
     CallRecord,
     ExecutionReport,
+    PartialResultWarning,
     skipped_message,
 )
 from datavine.coffea.session import EmbeddedCluster
@@ -154,7 +156,7 @@ class DatavineExecutor(ExecutorBase):
         self.pickle_by_value = tuple(self.pickle_by_value)
         self.extra_input_files = tuple(str(f) for f in self.extra_input_files)
         for name in self.pickle_by_value:
-            register_by_value(name)
+            prepare.register_module(name)
 
     def __enter__(self) -> DatavineExecutor:
         """Start the embedded cluster now (it would start at the first call anyway)."""
@@ -202,19 +204,34 @@ class DatavineExecutor(ExecutorBase):
              record: CallRecord) -> Partial:
         """Run the items' graph; items over their memory cap at the ceiling are split in
         halves and the graph run again with the halves (its other items too: a failed run
-        keeps no results), until no item overruns or one cannot be split further."""
+        keeps no results), until no item overruns or one cannot be split further. Ctrl-C
+        while processing returns the merge of the items that finished."""
         cluster = self._cluster()
+        unit = "events" if all(hasattr(i, "entrystop") for i in items) else self.unit
         while True:
             graph, final = build_graph(items, function, policy, self.merge_fanin,
                                        self._task_prefix())
+            progress = CallProgress(graph, items, desc=self.desc, unit=unit,
+                                    enabled=bool(self.status), compression=policy.compression)
             try:
-                partial: Partial = cluster.get(graph, [final])[0]
+                with progress, result_hook(cluster, progress):
+                    partial: Partial = cluster.get(graph, [final])[0]
             except MemoryCapError as exc:
                 record.summary = getattr(cluster, "last_summary", None)
                 items, split = split_failed_items(items, graph, exc, self.split_min_entries)
                 record.splits.append(split)
                 continue
+            except KeyboardInterrupt:
+                record.summary = getattr(cluster, "last_summary", None)
+                if self.desc == "Preprocessing" or progress.items_done == 0:
+                    raise
+                record.interrupted = progress.line()
+                warnings.warn(f"datavine: interrupted (Ctrl-C): the result is PARTIAL, the "
+                              f"merge of what finished: {record.interrupted}",
+                              PartialResultWarning, stacklevel=4)
+                return progress.finished()
             record.summary = getattr(cluster, "last_summary", None)
+            record.processed = (progress.processed, progress.total, unit)
             return partial
 
     def _drop_missing(self, items: list[Any],
@@ -250,7 +267,7 @@ class DatavineExecutor(ExecutorBase):
         skip = self.skipbadfiles
         if skip is None:
             skip = runner.get("skipbadfiles", False) or False
-        proxy = find_x509_proxy(self.x509_proxy)
+        proxy = prepare.find_x509_proxy(self.x509_proxy)
         return inner, ItemPolicy(
             retries=runner.get("retries", self.retries), skipbadfiles=skip,
             report_skippable=bool(runner.get("use_result_type", False)),
@@ -279,6 +296,7 @@ class DatavineExecutor(ExecutorBase):
                         pickle_by_value=self.pickle_by_value, shardmap=self.shardmap)
         if self.memory != "default":
             run = run.replace(memory=self.memory)
+        run = run.replace(progress=False)  # the executor shows its own bars, in events
         racks: tuple[str, ...] = ()
         if self.shardmap is not None:  # workers split over the shards' racks
             racks = tuple(dict.fromkeys(s.rack for s in self.shardmap.shards if s.rack))
@@ -309,38 +327,6 @@ class DatavineExecutor(ExecutorBase):
             exc.partial_output = out  # type: ignore[attr-defined]
             raise exc
         return out, exc
-
-
-def register_by_value(module_name: str) -> None:
-    """Have cloudpickle send ``module_name``'s classes and functions by value."""
-    import importlib
-
-    import cloudpickle
-
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"DatavineExecutor.pickle_by_value: cannot import {module_name!r}: "
-                         f"{exc}") from exc
-    cloudpickle.register_pickle_by_value(module)
-
-
-def find_x509_proxy(setting: str | bool | None) -> Path | None:
-    """The proxy to send: ``setting`` when a path, none when ``False``; for ``None`` as
-    coffea's TaskVineExecutor looks: ``$X509_USER_PROXY``, then ``$TMPDIR/x509up_u<uid>``."""
-    if setting is False:
-        return None
-    if isinstance(setting, (str, os.PathLike)) and setting:
-        path = Path(setting)
-        if not path.is_file():
-            raise FileNotFoundError(errno.ENOENT, "DatavineExecutor.x509_proxy: no such file",
-                                    str(path))
-        return path
-    env = os.environ.get("X509_USER_PROXY")
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    default = Path(os.environ.get("TMPDIR", "/tmp")) / f"x509up_u{os.getuid()}"
-    return default if default.is_file() else None
 
 
 def unwrap_automatic_retries(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any],

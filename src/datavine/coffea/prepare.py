@@ -20,6 +20,7 @@ Before a call's graph is built, :class:`~datavine.coffea.DatavineExecutor` asks 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import io
 import os
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -198,3 +200,33 @@ def _is_coffea(function: Any, name: str) -> bool:
 def _rebind(function: functools.partial[Any], **keywords: Any) -> functools.partial[Any]:
     return functools.partial(function.func, *function.args, **{**function.keywords,
                                                                 **keywords})
+
+
+def register_module(module_name: str) -> None:
+    """Have cloudpickle send ``module_name``'s classes and functions by value."""
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"DatavineExecutor.pickle_by_value: cannot import {module_name!r}: "
+                         f"{exc}") from exc
+    cloudpickle.register_pickle_by_value(module)
+
+
+def find_x509_proxy(setting: str | bool | None) -> Path | None:
+    """The proxy to send: ``setting`` when a path, none when ``False``; for ``None`` as
+    coffea's TaskVineExecutor looks: ``$X509_USER_PROXY``, then ``$TMPDIR/x509up_u<uid>``."""
+    if setting is False:
+        return None
+    if isinstance(setting, (str, os.PathLike)) and setting:
+        path = Path(setting)
+        if not path.is_file():
+            raise FileNotFoundError(errno.ENOENT, "DatavineExecutor.x509_proxy: no such file",
+                                    str(path))
+        return path
+    env = os.environ.get("X509_USER_PROXY")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    default = Path(os.environ.get("TMPDIR", "/tmp")) / f"x509up_u{os.getuid()}"
+    return default if default.is_file() else None

@@ -15,6 +15,10 @@ from datavine.coffea.splitting import Split
 from datavine.coffea.tasks import ItemFailure
 
 
+class PartialResultWarning(UserWarning):
+    """The call was interrupted (Ctrl-C): its result merges only the items that finished."""
+
+
 class BadFilesSkippedWarning(UserWarning):
     """Work items of unreadable files were skipped (``skipbadfiles``); names the files."""
 
@@ -33,6 +37,8 @@ class CallRecord:
     summary: Any = None
     splits: list[Split] = field(default_factory=list)
     shipped_by_value: list[str] = field(default_factory=list)
+    interrupted: str | None = None  # what finished, when Ctrl-C stopped the call
+    processed: tuple[int, int, str] | None = None  # (done, submitted, unit)
 
     @property
     def skipped_files(self) -> list[str]:
@@ -63,6 +69,11 @@ class ExecutionReport:
         for c in self.calls:
             out.append(f"{c.desc}: {c.succeeded}/{c.items} work items in {c.wall_s:.2f} s, "
                        f"{len(c.skipped)} skipped, {len(c.failed)} failed")
+            if c.processed is not None:
+                out.append(f"  {c.processed[0]:,} of {c.processed[1]:,} {c.processed[2]} "
+                           "processed")
+            if c.interrupted:
+                out.append(f"  INTERRUPTED (Ctrl-C), the result is partial: {c.interrupted}")
             if c.shipped_by_value:
                 out.append(f"  sent by value: {', '.join(c.shipped_by_value)}")
             out.extend(f"  {s.describe()}" for s in c.splits)

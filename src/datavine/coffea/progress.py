@@ -1,0 +1,121 @@
+"""Progress of one executor call in events, and the merge of what finished if it stops early.
+
+:class:`CallProgress` is installed as the runtime's ``result_hook`` for the duration of a
+call: after each bundle it learns which item and merge tasks finished and receives the
+bundle's output values. From that it keeps
+
+- counts in coffea's units (events for ``WorkItem`` s, files for preprocessing): submitted,
+  processed (items done) and accumulated (items merged by a finished merge task), shown as
+  three bars like coffea's ``TaskVineExecutor`` when the executor's ``status`` is on;
+- the *frontier*: the outputs of finished tasks that no finished task has consumed yet.
+  Their merge is the result of everything that finished, which is what Ctrl-C returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Hashable, Iterator
+from types import TracebackType
+from typing import Any
+
+from datavine.coffea.tasks import Partial, merge_partials
+
+Key = Hashable
+
+
+def item_size(item: Any) -> int:
+    """Events of a ``WorkItem`` (its entry range); 1 for anything else (a file)."""
+    start, stop = getattr(item, "entrystart", None), getattr(item, "entrystop", None)
+    if isinstance(start, int) and isinstance(stop, int):
+        return max(0, stop - start)
+    return 1
+
+
+class CallProgress:
+    """Counts and frontier of one call's graph (see the module docstring)."""
+
+    def __init__(self, graph: dict[Key, Any], items: list[Any], *, desc: str, unit: str,
+                 enabled: bool, compression: int | None) -> None:
+        self.compression = compression
+        self.order = {k: i for i, k in enumerate(graph)}
+        self.size: dict[Key, int] = {}
+        self.deps: dict[Key, list[Key]] = {}
+        for key, task in graph.items():
+            if str(key[0]).endswith("-item"):
+                self.size[key] = item_size(items[int(key[2])])
+            else:
+                self.deps[key] = list(task[1])
+        self.total = sum(self.size.values())
+        self.processed = 0
+        self.accumulated = 0
+        self.items_done = 0
+        self.frontier: dict[Key, Partial] = {}
+        self.desc, self.unit, self.enabled = desc, unit, enabled
+        self._bars: Any = None
+        self._ids: list[Any] = []
+
+    # --- the runtime's result hook -------------------------------------------------------
+    def __call__(self, keys: list[Key], values: dict[Key, Any]) -> None:
+        for key in keys:
+            if key in self.size:
+                self.processed += self.size[key]
+                self.items_done += 1
+            for dep in self.deps.get(key, ()):
+                self.frontier.pop(dep, None)
+                self.accumulated += self.size.get(dep, 0)  # items merged for the first time
+        for key, value in values.items():
+            if isinstance(value, Partial):
+                self.frontier[key] = value
+        self._refresh()
+
+    def finished(self) -> Partial:
+        """The merge of every output that finished (in item order); never raises."""
+        parts = [self.frontier[k] for k in sorted(self.frontier, key=self.order.__getitem__)]
+        return merge_partials(parts, self.compression) if parts else Partial()
+
+    # --- display -------------------------------------------------------------------------
+    def __enter__(self) -> CallProgress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._bars = Progress(TextColumn("{task.description:>12}"), BarColumn(),
+                                  MofNCompleteColumn(), TextColumn(self.unit))
+            self._bars.__enter__()
+            self._ids = [self._bars.add_task(name, total=self.total) for name in
+                         ("Submitted", "Processed", "Accumulated")]
+            self._bars.update(self._ids[0], completed=self.total)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._bars is not None:
+            self._refresh()
+            self._bars.__exit__(exc_type, exc, tb)
+            self._bars = None
+
+    def _refresh(self) -> None:
+        if self._bars is not None:
+            self._bars.update(self._ids[1], completed=self.processed)
+            self._bars.update(self._ids[2], completed=self.accumulated)
+
+    def line(self) -> str:
+        return (f"{self.processed:,} of {self.total:,} {self.unit} processed, "
+                f"{self.accumulated:,} accumulated ({self.items_done} of {len(self.size)} "
+                "work items)")
+
+
+@contextlib.contextmanager
+def result_hook(cluster: Any, hook: Callable[[list[Key], dict[Key, Any]], None]
+                ) -> Iterator[None]:
+    """``hook`` as the cluster's runtime's ``result_hook`` for the block (clusters without a
+    datavine runtime get no hook: no progress, no partial result on Ctrl-C)."""
+    runtime = getattr(cluster, "runtime", None)
+    if runtime is None:
+        yield
+        return
+    previous = getattr(runtime, "result_hook", None)
+    runtime.result_hook = hook
+    try:
+        yield
+    finally:
+        runtime.result_hook = previous
