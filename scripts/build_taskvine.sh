@@ -12,6 +12,9 @@
 #   resource_monitor and poncho; chirp, parrot, makeflow and friends are skipped.
 # - Idempotent: a prefix whose stamp matches (version, checksum, python) is reused.
 # - A .pth file makes `ndcctools.taskvine` importable from the python's environment.
+# - The Python bindings are generated with `swig -threads`: every TaskVine call, above all
+#   `Manager.wait`, releases the GIL, so the client's other threads (datavine's watchdog,
+#   the progress bar) run while the manager waits on a worker (see release_gil below).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,6 +43,7 @@ PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_inf
 PYBASE=$("$PYTHON" -c 'import sys; print(sys.base_prefix)')
 PURELIB=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 STAMP="$PREFIX/.datavine-build"
+BINDINGS="bindings=swig-threads"  # in the stamp: older builds held the GIL in every call
 
 link_python() {
   local site="$PREFIX/lib/python$PYVER/site-packages"
@@ -48,7 +52,20 @@ link_python() {
   "$PYTHON" -c 'import ndcctools.taskvine' || die "ndcctools.taskvine does not import in $PYTHON"
 }
 
-if [ -f "$STAMP" ] && grep -q "python=$PYBASE" "$STAMP" && [ -x "$PREFIX/bin/vine_worker" ]; then
+release_gil() {  # in the unpacked source: SWIG wraps every call in Py_BEGIN_ALLOW_THREADS
+  local dir=taskvine/src/bindings/python3
+  sed -i 's/ -python -I/ -python -threads -I/' "$dir/Makefile"
+  grep -q -- '-python -threads' "$dir/Makefile" || die "cannot add -threads to $dir/Makefile"
+  # The one wrapped function that builds a Python object must keep the GIL.
+  if grep -q 'PyObject \*vine_file_contents_as_bytes' "$dir/taskvine.i"; then
+    sed -i '0,/^%inline %{/s//%nothread vine_file_contents_as_bytes;\n%inline %{/' "$dir/taskvine.i"
+    grep -q '^%nothread vine_file_contents_as_bytes;' "$dir/taskvine.i" \
+      || die "cannot mark vine_file_contents_as_bytes %nothread in $dir/taskvine.i"
+  fi
+}
+
+if [ -f "$STAMP" ] && grep -q "python=$PYBASE" "$STAMP" && grep -qx "$BINDINGS" "$STAMP" \
+    && [ -x "$PREFIX/bin/vine_worker" ]; then
   log "reusing $PREFIX ($(head -1 "$STAMP"))"
   link_python
   exit 0
@@ -119,6 +136,7 @@ for p in "$ROOT"/scripts/patches/cctools/*.patch; do
   log "applying $(basename "$p")"
   patch -p1 --silent < "$p" || die "patch $(basename "$p") does not apply to cctools $version"
 done
+release_gil
 log "configuring cctools $version for $PYBASE"
 ./configure --prefix "$PREFIX" --with-python3-path "$PYBASE" --with-perl-path no \
   --without-system-chirp --without-system-parrot --without-system-makeflow \
@@ -128,7 +146,7 @@ log "building (log: build/make.log)"
 make -j"$(nproc)" >"$ROOT/build/make.log" 2>&1 || die "make failed (see build/make.log)"
 rm -rf "$PREFIX"
 make install >>"$ROOT/build/make.log" 2>&1 || die "make install failed (see build/make.log)"
-printf 'cctools %s sha256=%s\npython=%s\n' "$version" "$sha" "$PYBASE" > "$STAMP"
+printf 'cctools %s sha256=%s\npython=%s\n%s\n' "$version" "$sha" "$PYBASE" "$BINDINGS" > "$STAMP"
 rm -rf "$SRC"
 link_python
 log "installed cctools $version into $PREFIX"

@@ -7,22 +7,48 @@ The public entry points::
         dask.compute(collection, scheduler=cluster.get)
 """
 
-from datavine.cluster import Cluster, LocalCluster
-from datavine.config import ConfigError, LocalWorkersConfig, ManagerConfig, RunConfig
-from datavine.errors import (
-    BundleFailedError,
-    DatavineError,
-    LibraryFailedError,
-    MemoryCapError,
-    NoWorkersError,
-    RemoteTaskError,
-    RunTimeoutError,
-    TaskLoadError,
-)
-from datavine.memory import MemoryPolicy
-from datavine.placement import PlacementPolicy
-from datavine.reading import open_input
-from datavine.shards import ShardMap
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Public names and the modules that define them, imported on first use (PEP 562): a worker's
+# library, the reaper and ``python -m datavine.<module>`` import only what they need.
+_EXPORTS = {
+    "Cluster": "datavine.cluster",
+    "LocalCluster": "datavine.cluster",
+    "ConfigError": "datavine.errors",
+    "LocalWorkersConfig": "datavine.config",
+    "ManagerConfig": "datavine.config",
+    "RunConfig": "datavine.config",
+    "BundleFailedError": "datavine.errors",
+    "DatavineError": "datavine.errors",
+    "LibraryFailedError": "datavine.errors",
+    "MemoryCapError": "datavine.errors",
+    "NoWorkersError": "datavine.errors",
+    "RemoteTaskError": "datavine.errors",
+    "RunTimeoutError": "datavine.errors",
+    "TaskLoadError": "datavine.errors",
+    "TaskTimeLimitError": "datavine.errors",
+    "MemoryPolicy": "datavine.memory",
+    "PlacementPolicy": "datavine.placement",
+    "open_input": "datavine.reading",
+    "ShardMap": "datavine.shards",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'datavine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __version__ = "0.1.0"
 
@@ -44,5 +70,6 @@ __all__ = [
     "RunTimeoutError",
     "ShardMap",
     "TaskLoadError",
+    "TaskTimeLimitError",
     "open_input",
 ]

@@ -56,8 +56,9 @@ def needs_fresh_child(alive: bool, idle_mb: float, cap_mb: float | None,
 class CappedChild:
     """A reusable child process for capped calls (see the module's docstring).
 
-    ``run`` has :func:`datavine.memcap.run_capped`'s contract: it never raises for what
-    happens in the child, and returns a :class:`~datavine.memcap.CappedResult` whose
+    ``run`` has :func:`datavine.memcap.run_capped`'s contract (a call over its cap or past
+    ``time_limit_s`` is killed): it never raises for what happens in the child, and returns
+    a :class:`~datavine.memcap.CappedResult` whose
     ``baseline_mb`` is the child's RSS before the call. ``close`` ends the child."""
 
     def __init__(self, *, poll_s: float = 0.02, scan_every_s: float = 0.25,
@@ -70,7 +71,8 @@ class CappedChild:
         self._requests = self._results = -1
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...] = (),
-            kwargs: dict[str, Any] | None = None, *, cap_mb: float | None) -> CappedResult:
+            kwargs: dict[str, Any] | None = None, *, cap_mb: float | None,
+            time_limit_s: float | None = None) -> CappedResult:
         started = time.perf_counter()
         request = cloudpickle.dumps((fn, args, kwargs or {}))
         alive = self.pid is not None and not memcap.exited(self.pid)
@@ -81,7 +83,7 @@ class CappedChild:
             idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
         assert self.pid is not None
         pid = self.pid
-        watch = memcap.Watch(pid, cap_mb, self.scan_every_s)
+        watch = memcap.Watch(pid, cap_mb, self.scan_every_s, time_limit_s)
         try:
             self._send(request)
             frame = memcap.collect(self._results, watch, self.poll_s)
@@ -91,7 +93,7 @@ class CappedChild:
             self.close()
             raise
         flags, hwm_kb = memcap.frame_header(frame)
-        whole = not watch.exceeded and memcap.frame_complete(frame)
+        whole = not (watch.exceeded or watch.timed_out) and memcap.frame_complete(frame)
         status = self._stop() if not whole or flags & memcap.LEFT_BEHIND else 0
         return memcap.capped_result(frame, status, watch, max(watch.peak_kb, hwm_kb), started,
                                     idle_kb)

@@ -8,11 +8,19 @@ processes on 127.0.0.1, authenticated with a password file created for the run::
 
 ``Cluster`` takes an already-running or externally started pool (HTCondor through
 vine_factory, see :mod:`datavine.pools`): it only starts the manager and waits for workers.
+
+While a cluster is open, SIGTERM and SIGHUP end the program as cleanly as Ctrl-C
+(:mod:`datavine.signals`), and should the program be killed outright its reaper stops the
+local workers and removes the run directory that the cluster made (:mod:`datavine.reaper`).
+A run directory the cluster made itself (no ``ManagerConfig.run_dir`` given) is removed
+when it closes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -22,7 +30,9 @@ from datavine.config import LocalWorkersConfig, ManagerConfig, RunConfig
 from datavine.environment import PackedEnv
 from datavine.labels import rack_of
 from datavine.local_workers import LocalWorkers, local_worker_id
+from datavine.reaper import reaper
 from datavine.runtime import Runtime
+from datavine.signals import terminate_gracefully
 
 
 def make_password_file(directory: Path) -> Path:
@@ -40,7 +50,10 @@ class Cluster:
     def __init__(self, manager: ManagerConfig | None = None, run: RunConfig | None = None,
                  *, min_workers: int = 0, connect_timeout_s: float = 60.0,
                  environment: PackedEnv | None = None) -> None:
-        manager = manager or ManagerConfig(run_dir=Path(tempfile.mkdtemp(prefix="datavine-")))
+        self._own_run_dir: Path | None = None
+        if manager is None:
+            self._own_run_dir = Path(tempfile.mkdtemp(prefix="datavine-"))
+            manager = ManagerConfig(run_dir=self._own_run_dir)
         if manager.password_file is None:
             from dataclasses import replace
 
@@ -51,6 +64,7 @@ class Cluster:
         self.connect_timeout_s = connect_timeout_s
         self.environment = environment
         self.runtime: Runtime | None = None
+        self._open = contextlib.ExitStack()  # signal handlers while the cluster is open
 
     @property
     def port(self) -> int:
@@ -68,6 +82,11 @@ class Cluster:
         return self.runtime
 
     def start(self) -> Cluster:
+        self._open.enter_context(terminate_gracefully())
+        if self._own_run_dir is not None:
+            reaper().add_path(self._own_run_dir)
+            if not self.password_file.exists():  # started again after a close
+                make_password_file(self._own_run_dir)
         self.runtime = Runtime(self.manager_config, self.run_config, liveness=self._alive,
                                environment=self.environment)
         self._start_workers()
@@ -94,6 +113,10 @@ class Cluster:
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
+        if self._own_run_dir is not None:
+            shutil.rmtree(self._own_run_dir, ignore_errors=True)
+            reaper().remove_path(self._own_run_dir)
+        self._open.close()
 
     def __enter__(self) -> Cluster:
         try:

@@ -8,6 +8,7 @@ facility run; tests and the embedded default override them by keyword.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +34,12 @@ class ManagerConfig:
         ssl_key, ssl_cert: PEM files; when both are set, workers must connect with ``--ssl``.
         run_dir: where the manager keeps logs, staging files and the password.
         name: optional project name (only used for logs; no catalog is contacted).
+        worker_timeout_s: a connected worker that answers nothing for this long (it died
+            and left a process holding its connection, it is frozen, its node dropped off
+            the network) is declared lost, and its calls run elsewhere. TaskVine's
+            keep-alive checks and its timeout for a reply are tuned from it; its own
+            defaults (a 900 s keep-alive, a 3600 s reply timeout during which the manager
+            answers no one) would freeze a run.
     """
 
     port: int = 0
@@ -41,10 +48,14 @@ class ManagerConfig:
     ssl_cert: Path | None = None
     run_dir: Path = Path("runs/manager")
     name: str | None = None
+    worker_timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ConfigError(f"ManagerConfig.port={self.port} is not a TCP port")
+        if self.worker_timeout_s < 3:
+            raise ConfigError(f"ManagerConfig.worker_timeout_s must be >= 3, got "
+                              f"{self.worker_timeout_s}")
         if (self.ssl_key is None) != (self.ssl_cert is None):
             raise ConfigError("ManagerConfig.ssl_key and ssl_cert must be given together")
 
@@ -85,6 +96,12 @@ class RunConfig:
             (the modules of the graph's functions are added automatically).
         pickle_by_value: modules whose functions travel by value (not importable on workers).
         max_library_failures: the run stops with the library's log once it died this often.
+        time_limits: seconds a task of a category (a dask key's prefix) may run; a task past
+            its limit is stopped, retried once elsewhere, then fails the run with
+            :class:`~datavine.errors.TaskTimeLimitError`. In capped bundles (``memory``) the
+            bundle's child is killed even when the task is stuck in C code.
+        task_time_limit_s: the limit of categories that ``time_limits`` does not name
+            (``None``: none).
     """
 
     max_retries: int = 3
@@ -101,6 +118,12 @@ class RunConfig:
     preload: tuple[str, ...] = ()
     pickle_by_value: tuple[str, ...] = ()
     max_library_failures: int = 3
+    time_limits: Mapping[str, float] = field(default_factory=dict)
+    task_time_limit_s: float | None = None
+
+    def time_limit(self, category: str) -> float | None:
+        """The time limit of a task of ``category``, or None."""
+        return self.time_limits.get(category, self.task_time_limit_s)
 
     def __post_init__(self) -> None:
         for name in ("max_bundle_tasks", "bundles_per_slot"):
@@ -113,6 +136,10 @@ class RunConfig:
                 raise ConfigError(f"RunConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_retries < 0:
             raise ConfigError(f"RunConfig.max_retries must be >= 0, got {self.max_retries}")
+        limits = {f"time_limits[{c!r}]": v for c, v in self.time_limits.items()}
+        for name, limit in {**limits, "task_time_limit_s": self.task_time_limit_s}.items():
+            if limit is not None and not limit > 0:
+                raise ConfigError(f"RunConfig.{name} must be > 0 s, got {limit}")
         if self.max_library_failures < 1:
             raise ConfigError("RunConfig.max_library_failures must be >= 1, got "
                               f"{self.max_library_failures}")

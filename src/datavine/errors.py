@@ -76,3 +76,20 @@ class TaskLoadError(DatavineError):
 
 class EnvironmentStageError(DatavineError):
     """The packed environment did not reach a first worker."""
+
+
+class TaskTimeLimitError(DatavineError):
+    """A task ran past its category's time limit (``RunConfig.time_limits``) on every try."""
+
+    def __init__(self, key: Hashable, category: str, limit_s: float, attempts: int,
+                 where: str) -> None:
+        self.key = key
+        self.category = category
+        self.limit_s = limit_s
+        super().__init__(f"task {key!r} of category {category!r} ran past its time limit of "
+                         f"{limit_s:g} s {attempts} time(s) (last on {where}); it was killed. "
+                         "Raise RunConfig.time_limits[category] if it needs longer")
+
+
+class ManagerStartError(DatavineError):
+    """The TaskVine manager could not start (its port is taken, most often)."""

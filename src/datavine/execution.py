@@ -29,6 +29,7 @@ from datavine.errors import (
     RemoteTaskError,
     RunTimeoutError,
     TaskLoadError,
+    TaskTimeLimitError,
 )
 from datavine.inputs import task_files
 from datavine.memory import GiveUp
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
 Key = Hashable
 REFRESH_S = 1.0  # how often workers are sampled and the library's health is checked
 LOOKAHEAD_FACTOR = 4  # bundles considered per free slot when the first ones must wait
-TASK_READY = 1  # vine_task_state_t: submitted, not dispatched to a worker yet
+TASK_READY = "READY"  # Task.state (a string): submitted, not dispatched to a worker yet
+TASK_RUNNING = "RUNNING"  # dispatched to a worker
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Inflight:
     target: Target
     category: str
     cap_mb: float | None
+    addrport: str | None = None  # the worker it was last seen running on
 
 
 class GraphRun:
@@ -74,6 +77,8 @@ class GraphRun:
         self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
         self.cap_override: dict[Key, float] = {}  # tasks retried after an overrun
         self.attempts: Counter[Key] = Counter()  # by task: a requeued task gets a new bundle
+        self.anywhere: set[Key] = set()  # tasks whose last try crashed: placed anywhere next
+        self.timed_out: Counter[Key] = Counter()
         self.preload = tuple(dict.fromkeys((*cfg.preload, *graph.modules())))
         self.summary = RunSummary()
         self.progress = RunProgress(len(graph), enabled=cfg.progress)
@@ -119,17 +124,33 @@ class GraphRun:
         return {k: self.values[k] for k in self.graph.outputs}
 
     def _refresh(self, now: float) -> None:
-        """Sample the pool, drop workers that left (their pinned bundles go elsewhere), and
+        """Sample the pool, move the calls of workers that left to the others at once, and
         stop if the library keeps dying."""
         self.summary.samples.append((round(now - self.start, 3), self.rt.connected_workers(),
                                      self.rt.connected_cores()))
-        gone = self.rt.drop_lost_workers()
-        if gone:
-            for task_id, entry in list(self.inflight.items()):
-                if entry.target.worker in gone:
-                    self.m.cancel_by_task_id(task_id)  # its worker is gone: not running
-                    self._forget(task_id)
-                    self._retry(entry.bundle, f"worker {entry.target.worker} left the pool")
+        gone, lost_addr = self.rt.drop_lost_workers()
+        self.summary.lost_workers.extend(sorted(gone | lost_addr))
+        for task_id, entry in list(self.inflight.items()):
+            state = entry.call.state
+            if state == TASK_RUNNING:
+                here = entry.call.addrport
+                if entry.addrport is not None and here != entry.addrport:
+                    # TaskVine moved it to another worker already: count the retry
+                    self.summary.retries += 1
+                    self.summary.failures.append(
+                        f"bundle {entry.bundle.id} ({len(entry.bundle.keys)} tasks): worker "
+                        f"{entry.addrport} or its library died; re-run on {here}")
+                entry.addrport = here
+            elif state == TASK_READY and (entry.target.worker in gone or entry.addrport):
+                # Pinned to a worker that left, or requeued by TaskVine after its worker or
+                # library died (TaskVine would hold it back for its transient-error
+                # interval, ~15 s): cancel it, and run it again at once where there is room.
+                self.m.cancel_by_task_id(task_id)
+                self._forget(task_id)
+                where = entry.target.worker or entry.addrport
+                what = "was lost" if where in gone or where in lost_addr else (
+                    "or its library died under it")
+                self._retry(entry.bundle, f"worker {where} {what}", anywhere=True)
         self.rt.check_library()
 
     # --- submitting ----------------------------------------------------------------------
@@ -168,6 +189,8 @@ class GraphRun:
         rack got a near bundle: a long queue for a busy rack is not a reason to go far."""
         if not bundle.files or self.cfg.placement is None:
             return Placement("run", Tier.FAR, reason="no input files, or placement is off"), None
+        if not self.anywhere.isdisjoint(bundle.keys):
+            return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None
         lfns = tuple(dict.fromkeys(logical_name(f) for f in bundle.files))
         shardmap = self.cfg.shardmap
         racks = {f: self._rack_now(shardmap, f, now) for f in lfns} if shardmap else {}
@@ -193,15 +216,19 @@ class GraphRun:
         if memory is not None:
             retried = [self.cap_override[k] for k in bundle.keys if k in self.cap_override]
             cap_mb = max(retried) if retried else memory.cap_for(category)
+        limits = {k: limit for k, c in categories.items()
+                  if (limit := self.cfg.time_limit(c)) is not None}
         spec = {
             "nodes": [(k, self.graph.nodes[k]) for k in bundle.keys],
             "inputs": {k: self.values[k] for k in bundle.inputs},
             "outputs": sorted(bundle.outputs, key=self.graph.priority.__getitem__),
             "categories": categories,
             "shardmap": self.cfg.shardmap,
+            "limits": limits,
         }
         call = self.rt.vine.FunctionCall(self.rt.ensure_library(), "run_bundle",
-                                         self.rt.dumps(spec), cap_mb, self.preload)
+                                         self.rt.dumps(spec), cap_mb, self.preload,
+                                         sum(limits.values()) if limits else None)
         call.set_cores(1)
         for feature in target.features():
             call.add_feature(feature)
@@ -225,8 +252,8 @@ class GraphRun:
         if entry is None:
             return  # a call cancelled earlier
         result = entry.call.output if task.successful() else None
-        if not isinstance(result, dict):
-            self._retry(entry.bundle, self._failure_reason(task, result))
+        if not isinstance(result, dict):  # the library or its worker died under the call
+            self._retry(entry.bundle, self._failure_reason(task, result), anywhere=True)
             return
         where = f"{result.get('worker') or task.addrport} ({result.get('host', '?')})"
         status = result["status"]
@@ -236,6 +263,8 @@ class GraphRun:
             self._overrun(entry, result, where)
         elif status == remote.STATUS_INPUT:
             self._input_failed(entry, result, where)
+        elif status == remote.STATUS_TIME:
+            self._over_time(entry, result, where)
         elif status == remote.STATUS_LOAD:
             raise TaskLoadError(
                 f"worker {where} could not load tasks {_shown(entry.bundle.keys)}: "
@@ -303,9 +332,10 @@ class GraphRun:
         stats = self.summary.categories[entry.category]
         stats.overruns += 1
         stats.peak_mb = max(stats.peak_mb, peak)
+        how = (f"were killed by SIGKILL under their {cap:.0f} MB cap (an out-of-memory killer)"
+               if result.get("oom") else f"went over their {cap:.0f} MB cap")
         self.summary.failures.append(
-            f"tasks {_shown(entry.bundle.keys)} went over their {cap:.0f} MB cap on {where} "
-            f"(peak {peak:.0f} MB)")
+            f"tasks {_shown(entry.bundle.keys)} {how} on {where} (peak {peak:.0f} MB)")
         assert memory is not None
         decision = memory.after_overrun(entry.category, cap, peak)
         if isinstance(decision, GiveUp):
@@ -327,7 +357,26 @@ class GraphRun:
             f"tasks {_shown(entry.bundle.keys)} on {where}: {error}")
         self._retry(entry.bundle, f"input server failed during a read ({error})")
 
-    def _retry(self, bundle: Bundle, reason: str) -> None:
+    def _over_time(self, entry: Inflight, result: dict[str, Any], where: str) -> None:
+        """A task ran past its time limit and was stopped: once more elsewhere (a stalled
+        read may not stall twice), then the run fails naming it."""
+        key = result.get("key")
+        keys = [key] if key in entry.bundle.keys else entry.bundle.keys
+        self.timed_out.update(keys)
+        limit = float(result.get("limit_s") or 0.0)
+        self.summary.timeouts += 1
+        self.summary.failures.append(f"tasks {_shown(keys)} on {where}: {result.get('message')}")
+        worst = max(keys, key=self.timed_out.__getitem__)
+        if self.timed_out[worst] > 1:
+            raise TaskTimeLimitError(worst, self.graph.category(worst), limit,
+                                     self.timed_out[worst], where)
+        self.summary.retries += 1
+        self.anywhere.update(entry.bundle.keys)
+        self.planner.requeue(entry.bundle)
+
+    def _retry(self, bundle: Bundle, reason: str, *, anywhere: bool = False) -> None:
+        if anywhere:
+            self.anywhere.update(bundle.keys)
         self.attempts.update(bundle.keys)
         bundle.attempts = max(self.attempts[k] for k in bundle.keys)
         self.summary.failures.append(f"bundle {bundle.id} ({len(bundle.keys)} tasks): {reason}")
@@ -360,13 +409,20 @@ class GraphRun:
         raise RemoteTaskError(key, result.get("message", "?"), tb, where)
 
     def _cancel_inflight(self) -> None:
-        """Withdraw what was not dispatched yet. A call already running in a library is left
-        to finish and its result ignored: TaskVine cannot stop a function call, and
-        cancelling one confuses the worker's slot accounting (the next call hangs)."""
+        """Withdraw what was not dispatched yet, and stop the calls still running (a run that
+        failed or timed out abandons them): TaskVine cannot cancel a function call (that
+        confused the worker's slot: the next call hung), so the library is restarted, which
+        kills them, and the cluster's slots are free for the next run at once."""
+        running = 0
         for task_id, entry in list(self.inflight.items()):
             if entry.call.state == TASK_READY:
                 self.m.cancel_by_task_id(task_id)
+            else:
+                running += 1
             self._forget(task_id)
+        if running:
+            self.summary.abandoned = running
+            self.rt.restart_library()
 
 
 def _shown(keys: list[Key]) -> str:

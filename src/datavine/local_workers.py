@@ -1,9 +1,14 @@
 """Local ``vine_worker`` processes on 127.0.0.1: the embedded default worker pool.
 
-Each worker runs in its own process group so that stopping it also stops the library
-processes it forked (they can outlive a worker that exits: FINDINGS). Workers get the
-manager's password file, their rack/feature labels, and a PATH whose ``python`` is this
-interpreter, so libraries run in the same environment as the caller.
+Each worker leads a session of its own, and everything it forks stays in that session
+(:mod:`datavine.sessions`): its libraries, which it puts in process groups of their own, and
+its ``[transfer server]``, which outlives a SIGKILLed worker and would keep the manager's
+connection open for TaskVine's long timeout. A watch thread notices a worker that exited and
+kills what it left at once, so the manager sees the connection close and re-runs the
+worker's calls elsewhere within a second; the client's reaper (:mod:`datavine.reaper`) stops
+the workers should the client itself be killed. Workers get the manager's password file,
+their rack/feature labels, and a PATH whose ``python`` is this interpreter, so libraries run
+in the same environment as the caller.
 """
 
 from __future__ import annotations
@@ -13,15 +18,19 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from datavine.binaries import vine_binary
 from datavine.config import LocalWorkersConfig
 from datavine.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_of, worker_feature
+from datavine.reaper import reaper
+from datavine.sessions import kill_session, stop_session
 from datavine.xcache.reader import XRD_CLIENT_ENV
 
 STOP_GRACE_S = 5.0
+WATCH_S = 0.25  # how often the watch thread looks for workers that exited
 
 
 def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
@@ -81,6 +90,9 @@ class LocalWorkers:
         self.password_file = password_file
         self.ssl = ssl
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.exited: dict[int, int] = {}  # worker index -> exit status, as the watch saw it
+        self._stop_watch = threading.Event()
+        self._watch: threading.Thread | None = None
 
     def start(self, count: int | None = None, features: tuple[str, ...] | None = None) -> None:
         n = self.cfg.workers if count is None else count
@@ -97,7 +109,21 @@ class LocalWorkers:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=worker_environment({**cfg.extra_env, **labels_env}),
                 start_new_session=True))
+            reaper().add_session(self.procs[-1].pid)
             log.close()
+        if self._watch is None:
+            self._stop_watch.clear()
+            self._watch = threading.Thread(target=self._watch_loop, name="datavine-workers",
+                                           daemon=True)
+            self._watch.start()
+
+    def _watch_loop(self) -> None:
+        """Kill what each exited worker left behind, as soon as it exits (see the module)."""
+        while not self._stop_watch.wait(WATCH_S):
+            for index, proc in enumerate(list(self.procs)):
+                if index not in self.exited and proc.poll() is not None:
+                    self.exited[index] = proc.returncode
+                    kill_session(proc.pid)
 
     def alive(self) -> int:
         return sum(p.poll() is None for p in self.procs)
@@ -107,20 +133,28 @@ class LocalWorkers:
         return {local_worker_id(i) for i, p in enumerate(self.procs) if p.poll() is None}
 
     def kill(self, index: int) -> None:
-        """Kill one worker and its libraries at once (for failure tests)."""
-        _signal_group(self.procs[index], signal.SIGKILL)
+        """Kill one worker and everything it started at once (for failure tests)."""
+        kill_session(self.procs[index].pid)
 
     def stop(self) -> None:
+        """Stop every worker: SIGTERM (a worker then stops its libraries), SIGKILL to what is
+        left of its session after ``STOP_GRACE_S``; bounded, idempotent."""
+        self._stop_watch.set()
+        if self._watch is not None:
+            self._watch.join(timeout=5)
+            self._watch = None
         for proc in self.procs:
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            _signal_group(proc, signal.SIGKILL)  # libraries left in the group
+            stop_session(proc.pid, grace_s=1.0)  # libraries, transfer servers, capped children
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=1)
+            reaper().remove_session(proc.pid)
         self.procs.clear()
+        self.exited.clear()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -81,17 +81,20 @@ class CappedResult:
     wall_s: float
     baseline_mb: float = 0.0
     signal: int | None = None
+    timed_out: bool = False
 
 
 def run_capped(fn: Callable[..., Any], args: tuple[Any, ...] = (),
                kwargs: dict[str, Any] | None = None, *, cap_mb: float | None,
-               poll_s: float = 0.02, scan_every_s: float = 0.25) -> CappedResult:
+               poll_s: float = 0.02, scan_every_s: float = 0.25,
+               time_limit_s: float | None = None) -> CappedResult:
     """Run ``fn(*args, **kwargs)`` in a forked child, killed once over ``cap_mb`` MB.
 
     ``cap_mb=None`` only measures. The child's RSS is read every ``poll_s``; the rest of its
     process group (a ``/proc`` scan) every ``scan_every_s``, or more rarely when a scan is
-    slow (keeping it under ~5% of a core). Never raises for what happens in the child; an
-    exception in the parent (KeyboardInterrupt) kills the child and propagates."""
+    slow (keeping it under ~5% of a core). A call still running after ``time_limit_s`` is
+    killed too. Never raises for what happens in the child; an exception in the parent
+    (KeyboardInterrupt) kills the child and propagates."""
     prepare_fork()
     started = time.perf_counter()
     parent = os.getpid()
@@ -108,7 +111,7 @@ def run_capped(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     os.close(w)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # the child does the same: whoever runs first makes the group
-    watch = Watch(pid, cap_mb, scan_every_s)
+    watch = Watch(pid, cap_mb, scan_every_s, time_limit_s)
     try:
         frame = collect(r, watch, poll_s)
     except BaseException:
@@ -123,14 +126,20 @@ def run_capped(fn: Callable[..., Any], args: tuple[Any, ...] = (),
 
 def capped_result(frame: bytearray, status: int, watch: Watch, peak_kb: float,
                   started: float, baseline_kb: float) -> CappedResult:
-    """How a watched call ended: killed over its cap, or as its frame (else its wait
-    ``status``) tells. ``started``: ``time.perf_counter()`` when the call began."""
+    """How a watched call ended: killed over its cap or past its time limit, or as its frame
+    (else its wait ``status``) tells. ``started``: ``time.perf_counter()`` when it began."""
     peak_mb = peak_kb / 1024.0
-    outcome = failed(f"killed after exceeding its memory cap: {peak_mb:.0f} MB > "
-                     f"{watch.cap_mb:.0f} MB") if watch.exceeded else decode(frame, status)
+    if watch.exceeded:
+        outcome = failed(f"killed after exceeding its memory cap: {peak_mb:.0f} MB > "
+                         f"{watch.cap_mb:.0f} MB")
+    elif watch.timed_out:
+        outcome = failed(f"killed after running past its time limit of {watch.time_limit_s:g} s")
+    else:
+        outcome = decode(frame, status)
     return CappedResult(*outcome, peak_mb=peak_mb, exceeded=watch.exceeded, cap_mb=watch.cap_mb,
                         wall_s=time.perf_counter() - started, baseline_mb=baseline_kb / 1024.0,
-                        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+                        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                        timed_out=watch.timed_out)
 
 
 def measure_peak(fn: Callable[..., Any], args: tuple[Any, ...] = (),
@@ -174,9 +183,11 @@ def exited(pid: int) -> bool:
 
 # --- parent side ------------------------------------------------------------------------------
 class Watch:
-    """RSS of the child's process group: the child every poll, the others every scan."""
+    """RSS of the child's process group: the child every poll, the others every scan; and
+    the call's time, against ``time_limit_s`` (None: unlimited)."""
 
-    def __init__(self, pid: int, cap_mb: float | None, scan_every_s: float) -> None:
+    def __init__(self, pid: int, cap_mb: float | None, scan_every_s: float,
+                 time_limit_s: float | None = None) -> None:
         self.pid = pid
         self.cap_mb = cap_mb
         self.cap_kb = None if cap_mb is None else cap_mb * 1024.0
@@ -184,6 +195,19 @@ class Watch:
         self.next_scan = time.monotonic() + scan_every_s
         self.others_kb = self.peak_kb = 0
         self.exceeded = False
+        self.time_limit_s = time_limit_s
+        self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self.timed_out = False
+        self.parent = os.getppid()  # in a worker's library: the vine_worker
+
+    def over_time(self) -> bool:
+        self.timed_out = self.deadline is not None and time.monotonic() > self.deadline
+        return self.timed_out
+
+    def orphaned(self) -> bool:
+        """Whether this (the watching) process lost its parent: for a library, its worker
+        died, and nobody will ever read the call's result."""
+        return os.getppid() != self.parent
 
     def over_cap(self) -> bool:
         own = statm_kb(f"/proc/{self.pid}/statm")
@@ -222,9 +246,12 @@ def collect(r: int, watch: Watch, poll_s: float) -> bytearray:
                 return frame[:pos]
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + poll_s
-            if watch.over_cap():
+            if watch.over_cap() or watch.over_time():
                 kill_group(watch.pid)
                 return bytearray()
+            if watch.orphaned():  # the library's worker died: end the call and the library
+                kill_group(watch.pid)
+                os._exit(0)
             if not poller.poll(0) and os.waitid(os.P_PID, watch.pid, _GONE) is not None:
                 return frame[:pos]  # it is gone and a forked descendant holds the pipe
 

@@ -12,10 +12,13 @@ This module is imported on workers: keep its imports light.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
+import signal
 import socket
+import threading
 import time
 import traceback
 from collections import defaultdict
@@ -34,11 +37,18 @@ STATUS_ERROR = "error"
 STATUS_MEMORY = "memory"
 STATUS_LOAD = "load"  # the bundle could not be unpickled here (a module missing, mostly)
 STATUS_INPUT = "input"  # an OSError while a file read through a shard was open: retry elsewhere
+STATUS_TIME = "time"  # a task ran past its time limit and was stopped
 DIRECT_SERVERS = ("local", "direct", "origin")
+HARD_LIMIT_GRACE_S = 5.0  # a bundle's child is killed this long after its tasks' limits
+
+
+class TaskTimeLimitExceeded(BaseException):
+    """Raised inside a task that runs past its time limit (a BaseException, so that the
+    task's own ``except Exception`` does not swallow it)."""
 
 
 def run_bundle(payload: bytes, cap_mb: float | None = None,
-               preload: tuple[str, ...] = ()) -> dict[str, Any]:
+               preload: tuple[str, ...] = (), limit_s: float | None = None) -> dict[str, Any]:
     """Run one bundle; the entry point registered in the TaskVine library.
 
     ``payload`` is the cloudpickled spec: ``nodes`` ([(key, node)] in execution order),
@@ -46,6 +56,9 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
     category}) and ``shardmap`` (for :mod:`datavine.reading`). ``cap_mb``: the memory cap of
     the whole bundle, or None to run it here, in the library process. ``preload``: modules to
     import into the library first, so that the children it forks find them loaded.
+    ``limit_s``: the sum of the bundle's task time limits (``spec["limits"]`` has each
+    task's); a capped bundle's child is killed ``HARD_LIMIT_GRACE_S`` after it, should a task
+    be stuck where Python's timer cannot interrupt it.
     Capped bundles run one after another in one long-lived child
     (:class:`datavine.capped_child.CappedChild`), replaced when a bundle overruns its cap or
     crashes. The spec is unpickled where it runs, not by TaskVine, so that a task that cannot
@@ -54,14 +67,24 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
     started = time.perf_counter()
     _preload(preload)
     if cap_mb:
-        capped = _capped_child().run(execute_payload, (payload,), cap_mb=cap_mb)
+        hard = None if limit_s is None else limit_s + HARD_LIMIT_GRACE_S
+        capped = _capped_child().run(execute_payload, (payload,), cap_mb=cap_mb,
+                                     time_limit_s=hard)
         if capped.exceeded:
             result = _result(STATUS_MEMORY, message=f"exceeded its memory cap of {cap_mb:.0f} MB")
+        elif capped.timed_out:
+            result = _result(STATUS_TIME, key=None, limit_s=limit_s,
+                             message=f"killed {HARD_LIMIT_GRACE_S:g} s after its time limits "
+                                     f"({limit_s:g} s in all) ran out")
         elif capped.ok:
             result = capped.value
+        elif capped.signal == signal.SIGKILL:  # not ours: the kernel's or the batch system's
+            result = _result(STATUS_MEMORY, oom=True,
+                             message="killed by SIGKILL below its cap of "
+                                     f"{cap_mb:.0f} MB (an out-of-memory killer, most likely)")
         else:
-            signal = f" (signal {capped.signal})" if capped.signal else ""
-            result = _result(STATUS_ERROR, key=None, message=f"{capped.error}{signal}",
+            sig = f" (signal {capped.signal})" if capped.signal else ""
+            result = _result(STATUS_ERROR, key=None, message=f"{capped.error}{sig}",
                              traceback=capped.traceback or "", crashed=True)
         result["peak_mb"] = capped.peak_mb
         result["cap_mb"] = cap_mb
@@ -134,13 +157,14 @@ def execute_bundle(spec: dict[str, Any]) -> dict[str, Any]:
     nodes = spec["nodes"]
     outputs = set(spec["outputs"])
     categories = spec.get("categories", {})
+    limits = spec.get("limits", {})
     uses: dict[Any, int] = defaultdict(int)
     for _, node in nodes:
         for dep in node.dependencies:
             uses[dep] += 1
     timing: dict[str, list[float]] = {}
     with reading(spec.get("shardmap")) as ctx:
-        result = _execute(nodes, values, outputs, categories, uses, timing)
+        result = _execute(nodes, values, outputs, categories, uses, timing, limits)
         result["reads"] = [dataclasses.asdict(r) for r in ctx.records()]
         shards = [opened[2] for opened in ctx.opened if opened[2] not in DIRECT_SERVERS]
     if result["status"] == STATUS_ERROR and result.get("os_error") and shards:
@@ -152,11 +176,17 @@ def execute_bundle(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _execute(nodes: list[tuple[Any, Any]], values: dict[Any, Any], outputs: set[Any],
              categories: dict[Any, str], uses: dict[Any, int],
-             timing: dict[str, list[float]]) -> dict[str, Any]:
+             timing: dict[str, list[float]], limits: dict[Any, float]) -> dict[str, Any]:
     for key, node in nodes:
         t0 = time.perf_counter()
+        limit = limits.get(key)
         try:
-            values[key] = node(values)
+            with time_limit(limit):
+                values[key] = node(values)
+        except TaskTimeLimitExceeded:
+            return _result(STATUS_TIME, key=key, limit_s=limit,
+                           message=f"ran past its time limit of {limit:g} s",
+                           traceback=traceback.format_exc())
         except BaseException as exc:  # reported, never raised: the manager decides
             return _error_result(key, exc)
         cat = categories.get(key, "task")
@@ -174,6 +204,27 @@ def _execute(nodes: list[tuple[Any, Any]], values: dict[Any, Any], outputs: set[
         except Exception as exc:
             return _error_result(key, TypeError(f"result of {key!r} cannot be serialised: {exc}"))
     return _result(STATUS_OK, values=out, timing=timing)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Any:
+    """Raise :class:`TaskTimeLimitExceeded` in the block after ``seconds`` (a real-time
+    timer: it interrupts Python code and sleeps, not a C call that never returns; capped
+    bundles have the child's hard limit for that). Main thread only; None: no limit."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TaskTimeLimitExceeded(seconds)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _error_result(key: Any, exc: BaseException) -> dict[str, Any]:

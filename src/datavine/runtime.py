@@ -9,7 +9,9 @@ scheduler; each call is one :class:`datavine.execution.GraphRun`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from datavine.environment import (
 from datavine.errors import (
     EnvironmentStageError,
     LibraryFailedError,
+    ManagerStartError,
     NoWorkersError,
     TaskvineMissingError,
 )
@@ -44,8 +47,36 @@ from datavine.topology import Topology
 # Thread pools inside a 1-core library slot only fight each other (FINDINGS: OpenBLAS).
 LIBRARY_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "NUMBA_NUM_THREADS": "1"}
-STATUS_EVERY_S = 2.0
+STATUS_EVERY_S = 1.0
 ENV_STAGE_S = 300.0  # beyond no_worker_timeout_s: one worker fetching a large tarball
+
+
+def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
+    """TaskVine settings that declare a silent worker lost within ``worker_timeout_s`` (pure).
+
+    A keep-alive check goes to a worker that sent nothing for a third of the bound, and it is
+    removed when the check stays unanswered for the rest; a read from a worker that has
+    started to answer (TaskVine's ``long-timeout``, 3600 s by default, during which the
+    manager serves no one else) gives up after a third of it."""
+    third = max(1, int(worker_timeout_s / 3))
+    return {"keepalive-interval": third,
+            "keepalive-timeout": max(1, int(worker_timeout_s) - third),
+            "long-timeout": max(2, third)}
+
+
+def check_port_free(port: int) -> None:
+    """Raise ManagerStartError naming ``port`` when a listener already holds it."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            raise ManagerStartError(
+                f"cannot start the manager on port {port}: {exc.strerror or exc} (another "
+                "manager or program holds it); choose another port (ManagerConfig.port, "
+                "--port), or 0 for any free one") from None
 
 
 def import_taskvine() -> Any:
@@ -75,16 +106,24 @@ class Runtime:
         run_dir = Path(self.manager_config.run_dir).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
         self.info_dir = run_dir / "vine-run-info" / f"run-{uuid.uuid4().hex[:8]}"
-        self._m = self.vine.Manager(
-            port=self.manager_config.port,
-            ssl=self.manager_config.ssl,
-            run_info_path=str(self.info_dir.parent),
-            run_info_template=self.info_dir.name,
-            staging_path=str(run_dir),
-        )
+        port = self.manager_config.port
+        check_port_free(port)
+        try:
+            self._m = self.vine.Manager(
+                port=port,
+                ssl=self.manager_config.ssl,
+                run_info_path=str(self.info_dir.parent),
+                run_info_template=self.info_dir.name,
+                staging_path=str(run_dir),
+            )
+        except Exception as exc:  # TaskVine raises a bare Exception
+            raise ManagerStartError(f"cannot start the TaskVine manager on port {port}: "
+                                    f"{exc}") from None
         if self.manager_config.password_file:
             self._m.set_password_file(str(self.manager_config.password_file))
         self._m.tune("watch-library-logfiles", 1)
+        for name, value in silence_tunes(self.manager_config.worker_timeout_s).items():
+            self._m.tune(name, value)
         self._library_hook = library_hook
         self.environment = environment
         self._env_file: Any = None
@@ -95,6 +134,9 @@ class Runtime:
             self._env_tarball, self._env_file = declare_environment_files(self._m, environment)
         self.liveness = liveness
         self._library: str | None = None
+        self._warm: dict[str, int] = {}  # workers warmed up, again after a library restart
+        self._rewarm = False
+        self._addrports: set[str] = set()  # workers connected at the last status
         self.costs = CostModel()
         policy = self.run_config.memory
         self.memory = MemoryState(policy) if policy is not None else None
@@ -139,6 +181,7 @@ class Runtime:
         so that runs do not pay for that. Returns (worker id, library PID) of those that
         answered within ``timeout_s``; the rest keep starting (their answers are ignored
         later). Raises LibraryFailedError when the library keeps dying."""
+        self._warm = dict(workers)
         library = self.ensure_library()
         payload = self.dumps({"nodes": [], "inputs": {}, "outputs": [], "categories": {}})
         pending = set()
@@ -216,14 +259,40 @@ class Runtime:
             f"no worker received the environment tarball within {limit:.0f} s "
             f"({self.connected_workers()} workers connected to port {self.port})")
 
+    def restart_library(self) -> None:
+        """Stop every instance of the library, with the calls running in them, and have the
+        next run install a fresh one (warmed up again where ``warm_up`` was used).
+
+        TaskVine cannot cancel a running function call (cancelling one confused the
+        worker's slot: the next call hung), but removing the library kills its process on
+        every worker, and its capped child dies with it (PR_SET_PDEATHSIG). This is how the
+        calls a failed or timed-out run abandoned stop holding their slots."""
+        if self._library is None:
+            return
+        with contextlib.suppress(Exception):  # a manager that cannot is being closed anyway
+            self._m.remove_library(self._library)
+        self._library = None
+        self._rewarm = bool(self._warm)
+
+    def rewarm(self, timeout_s: float) -> None:
+        """After a library restart, start the new library on the warmed-up workers."""
+        if self._rewarm:
+            self._rewarm = False
+            alive = self.liveness() if self.liveness is not None else None
+            workers = {w: c for w, c in self._warm.items() if alive is None or w in alive}
+            self.warm_up(workers, timeout_s)
+
     def dumps(self, spec: dict[str, Any]) -> bytes:
         """A bundle as bytes: the library unpickles it itself and reports what fails."""
         return cloudpickle.dumps(spec)
 
-    def drop_lost_workers(self) -> set[str]:
-        """Forget workers that left; returns their names (bundles sent to them are lost)."""
+    def drop_lost_workers(self) -> tuple[set[str], set[str]]:
+        """Forget workers that left: (their names, the addresses that disconnected since the
+        last look). Calls sent to a named worker that left, or running on a lost address,
+        must run elsewhere."""
         now = time.monotonic()
         gone: set[str] = set()
+        lost_addr: set[str] = set()
         if self.liveness is not None:
             alive = self.liveness()
             gone |= {w.id for w in self.topology.workers.values()
@@ -237,9 +306,12 @@ class Runtime:
             except Exception:  # a status call must never break a run
                 workers = None
             if isinstance(workers, list):
-                alive_addr = {w.get("addrport") for w in workers if isinstance(w, dict)}
-                gone |= set(self.topology.forget_missing({a for a in alive_addr if a}))
-        return gone
+                alive_addr = {a for w in workers if isinstance(w, dict)
+                              if (a := w.get("addrport"))}
+                lost_addr = self._addrports - alive_addr
+                self._addrports = alive_addr
+                gone |= set(self.topology.forget_missing(alive_addr))
+        return gone, lost_addr
 
     def library_failures(self) -> list[Path]:
         """Logs of library instances that died with a traceback (TaskVine restarts them)."""
@@ -270,5 +342,6 @@ class Runtime:
     def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         """dask scheduler entry point: ``dask.compute(x, scheduler=runtime.get)``."""
         graph = graphs.build(dsk, keys)
+        self.rewarm(self.run_config.no_worker_timeout_s)
         values = GraphRun(self, graph, self.run_config).execute()
         return graphs.pack_results(keys, values)

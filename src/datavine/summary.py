@@ -45,13 +45,20 @@ class RunSummary:
     """Figures for one ``get`` call.
 
     ``samples``: (seconds since start, workers, cores) about once a second;
-    ``completions``: (seconds since start, key, worker) for every task.
+    ``completions``: (seconds since start, key, worker) for every task;
+    ``failures``: why each retry or overrun happened, in order; ``lost_workers``: workers
+    (names or addresses) that left or were declared lost during the run; ``timeouts``: tasks
+    stopped at their time limit; ``abandoned``: calls still running when the run ended (it
+    failed), stopped by restarting the library.
     """
 
     tasks: int = 0
     bundles: int = 0
     retries: int = 0
     failures: list[str] = field(default_factory=list)
+    lost_workers: list[str] = field(default_factory=list)
+    timeouts: int = 0
+    abandoned: int = 0
     wall_s: float = 0.0
     workers: int = 0
     categories: dict[str, CategoryStats] = field(default_factory=lambda: defaultdict(CategoryStats))
@@ -89,7 +96,9 @@ class RunSummary:
         reads = self.reads
         return {
             "tasks": self.tasks, "bundles": self.bundles, "retries": self.retries,
-            "failures": list(self.failures), "wall_s": self.wall_s, "workers": self.workers,
+            "failures": list(self.failures), "lost_workers": list(self.lost_workers),
+            "timeouts": self.timeouts, "abandoned": self.abandoned,
+            "wall_s": self.wall_s, "workers": self.workers,
             "tasks_per_s": self.tasks_per_s,
             "categories": {k: asdict(v) for k, v in self.categories.items()},
             "hosts": dict(self.hosts), "worker_peak_mb": dict(self.worker_peak_mb),
@@ -122,5 +131,14 @@ class RunSummary:
                        f"{r.far_bytes / mb:,.1f} MB far ({r.near_fraction:.1%} near), "
                        f"{r.failovers} failovers")
             out.extend(f"    failover: {e}" for e in r.failover_errors[:5])
+        if self.lost_workers:
+            out.append(f"  lost workers: {', '.join(self.lost_workers[:8])}"
+                       + (f" ({len(self.lost_workers)} in all)" if len(self.lost_workers) > 8
+                          else ""))
+        if self.timeouts or self.abandoned:
+            out.append(f"  {self.timeouts} tasks stopped at their time limit, {self.abandoned} "
+                       "running calls stopped when the run ended")
         out.extend(f"  failure: {f}" for f in self.failures[:10])
+        if len(self.failures) > 10:
+            out.append(f"  ... {len(self.failures) - 10} more failures (last_summary.failures)")
         return out
