@@ -135,3 +135,16 @@ def test_reading_a_file_never_lowers_a_score(task: TaskInputs, worker: WorkerVie
                                               extra: str) -> None:
     hotter = WorkerView(worker.id, worker.rack, worker.free_slots, worker.files_read | {extra})
     assert score(task, hotter) >= score(task, worker)
+
+
+def test_placement_off_reason_names_the_missing_racks() -> None:
+    from datavine.placement import placement_off_reason
+
+    racked = ShardMap.from_urls(["root://a:1", "root://b:1"], racks=["A", "B"])
+    bare = ShardMap.from_urls(["root://a:1", "root://b:1"])
+    policy = PlacementPolicy()
+    assert placement_off_reason(policy, racked, ["A", None]) is None
+    assert placement_off_reason(None, racked, [None]) is None  # off on purpose: no note
+    assert placement_off_reason(policy, None, [None]) is None
+    assert "no worker has a rack" in (placement_off_reason(policy, racked, [None, None]) or "")
+    assert "shards have no racks" in (placement_off_reason(policy, bare, ["A"]) or "")

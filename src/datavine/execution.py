@@ -33,7 +33,7 @@ from datavine.errors import (
 )
 from datavine.inputs import task_files
 from datavine.memory import GiveUp
-from datavine.placement import Placement, TaskInputs, Tier, decide
+from datavine.placement import Placement, TaskInputs, Tier, decide, placement_off_reason
 from datavine.progress import RunProgress
 from datavine.shards import NoShardAvailableError, ShardMap, logical_name
 from datavine.summary import RunSummary
@@ -118,6 +118,10 @@ class GraphRun:
             self.summary.workers = self.rt.connected_workers()
             if self.rt.memory is not None:
                 self.summary.memory = self.rt.memory.as_dict()
+            off = placement_off_reason(self.cfg.placement, self.cfg.shardmap,
+                                       [w.rack for w in self.rt.topology.workers.values()])
+            if off and self.summary.placement:
+                self.summary.notes.append(off)
             self.rt.last_summary = self.summary
             if self.cfg.progress:
                 self.progress.print_summary(self.summary)

@@ -188,3 +188,22 @@ def _run(candidates: list[WorkerView], tier: Tier) -> Placement:
     rack = candidates[0].rack
     ids = tuple(w.id for w in candidates if w.rack == rack)
     return Placement("run", tier, workers=ids, rack=rack, reason=f"workers in rack {rack}")
+
+
+def placement_off_reason(policy: PlacementPolicy | None, shardmap: ShardMap | None,
+                         worker_racks: Iterable[str | None]) -> str | None:
+    """Why placement could not keep reads near although it is on, or None.
+
+    Placement needs racks on both sides: the shards' (the shard map) and the workers'
+    (local workers' ``racks``, a pool's ``--rack``, or the facility file's pools).
+    """
+    if policy is None or shardmap is None:
+        return None
+    if all(s.rack is None for s in shardmap.shards):
+        return ("placement is off: the XCache shards have no racks (give each shard a rack "
+                "in the facility file)")
+    if all(r is None for r in worker_racks):
+        return ("placement is off: no worker has a rack (start pools with --rack, or name "
+                "their racks in the facility file's [[pools]]; local workers take racks=)")
+    return None
+

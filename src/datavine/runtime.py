@@ -203,6 +203,8 @@ class Runtime:
                 result = task.output if task.successful() else None
                 if isinstance(result, dict):
                     answered.add((str(result.get("worker")), int(result.get("pid", 0))))
+                    self.topology.learn(result.get("worker"), result.get("rack"),
+                                        getattr(task, "addrport", None))  # named pool workers
         return answered
 
     def close(self) -> None:

@@ -69,6 +69,7 @@ class RunSummary:
     memory: dict[str, dict[str, float]] = field(default_factory=dict)
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     completions: list[tuple[float, Hashable, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. why placement could not act
 
     @property
     def tasks_per_s(self) -> float:
@@ -109,6 +110,7 @@ class RunSummary:
                       "failover_errors": list(reads.failover_errors)},
             "samples": [list(s) for s in self.samples],
             "completions": [(t, str(k), w) for t, k, w in self.completions],
+            "notes": list(self.notes),
         }
 
     def lines(self) -> list[str]:
@@ -124,6 +126,7 @@ class RunSummary:
         if self.placement:
             out.append("  placement: " + ", ".join(f"{k} {v}" for k, v in
                                                    sorted(self.placement.items())))
+        out.extend(f"  note: {n}" for n in self.notes)
         r = self.reads
         if r.opens:
             mb = 2**20
