@@ -33,6 +33,7 @@ from datavine.memory import MemoryPolicy
 from datavine.placement import PlacementPolicy
 from datavine.pools.factory import BATCHES, FactoryConfig
 from datavine.pools.factory_pool import FactoryPool, pool_class
+from datavine.pools.warm import WarmReport, warm_pools
 from datavine.shards import Shard, ShardMap
 
 
@@ -333,13 +334,15 @@ class FacilityCluster(Cluster):
     """A manager whose workers come from the facility's pools (started and stopped here)."""
 
     def __init__(self, facility: Facility, run: RunConfig | None = None, *,
-                 pool_dir: Path | None = None) -> None:
+                 pool_dir: Path | None = None, warm_up: bool = True) -> None:
         super().__init__(facility.manager, run or facility.run,
                          min_workers=facility.prestarted_workers,
                          connect_timeout_s=facility.workers_timeout_s)
         self.facility = facility
         self.pool_dir = pool_dir  # None: the default (the one bound into the condor chroot)
         self.pools: list[FactoryPool] = []
+        self.warm_up = warm_up
+        self.warm_report: WarmReport | None = None
 
     def _start_workers(self) -> None:
         for settings in self.facility.pools:
@@ -349,6 +352,14 @@ class FacilityCluster(Cluster):
             pool = pool_class(settings.batch)(cfg, name=settings.name, pool_dir=self.pool_dir)
             pool.start()
             self.pools.append(pool)  # only once started: stop() must not touch another's
+
+    def start(self) -> FacilityCluster:
+        """Start the manager and the pools, wait for their pre-started workers, and start
+        the library on each named one (``warm_up``) so that the run does not pay for it."""
+        super().start()
+        if self.warm_up and self.pools:
+            self.warm_report = warm_pools(self._rt, self.pools, self.facility.workers_timeout_s)
+        return self
 
     def close(self) -> None:
         for pool in reversed(self.pools):

@@ -52,6 +52,12 @@ def add_pool_commands(subparsers: argparse._SubParsersAction) -> argparse.Argume
     start.add_argument("--memory", type=cli_types.positive, metavar="MB")
     start.add_argument("--disk", type=cli_types.positive, metavar="MB")
     start.add_argument("--rack", help="label the workers with the feature rack:<RACK>")
+    start.add_argument("--facility", type=Path, metavar="FILE",
+                       help="a facility file: without --rack, the workers get the rack of "
+                       "its [[pools]] entry named --name")
+    start.add_argument("--anonymous", action="store_true",
+                       help="do not name the workers (no worker:<name> feature): placement "
+                       "can then target their rack only")
     start.add_argument("--feature", action="append", default=[], help="a worker feature")
     start.add_argument("--manager", type=_manager, required=True, metavar="HOST:PORT")
     start.add_argument("--password", type=Path, metavar="FILE", help="the manager's password")
@@ -116,11 +122,12 @@ def _names(args: argparse.Namespace, *, every: bool) -> list[str]:
 def cmd_start(args: argparse.Namespace) -> int:
     """``datavine pool start``."""
     host, port = args.manager
+    rack = args.rack or _facility_rack(args)
     cfg = FactoryConfig(
         manager_host=host, manager_port=port, batch=args.batch, workers=args.workers,
         min_workers=args.workers if args.min_workers is None else args.min_workers,
         cores=args.cores, memory_mb=args.memory, disk_mb=args.disk,
-        features=tuple(args.feature), rack=args.rack,
+        features=tuple(args.feature), rack=rack, named=not args.anonymous,
         password_file=args.password.resolve() if args.password else None, ssl=args.ssl,
         idle_timeout_s=args.idle_timeout, factory_period_s=args.factory_period,
         extra_condor_submit=tuple(args.condor_submit), debug_workers=args.debug_workers)
@@ -129,6 +136,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(f"pool {pool.name!r} started: vine_factory pid {pool.pid} ({args.batch}), "
           f"up to {cfg.workers} worker(s) for the manager at {cfg.manager}; "
           f"log {pool.log_path}")
+    if rack is None:
+        print(f"pool {pool.name!r}: its workers have no rack, so placement cannot keep reads "
+              "near them (give --rack, or --facility with a rack for this pool)")
     if args.wait:
         # Only min_workers are started without work; with none, wait for work's N.
         target = cfg.min_workers or cfg.workers
@@ -140,6 +150,21 @@ def cmd_start(args: argparse.Namespace) -> int:
             return 1
         print(status.summary())
     return 0
+
+
+def _facility_rack(args: argparse.Namespace) -> str | None:
+    """The rack of this pool's entry in ``--facility``, if any."""
+    if args.facility is None:
+        return None
+    from datavine.facility import load_facility
+
+    name = args.name or "default"
+    facility = load_facility(args.facility, check_files=False)
+    for pool in facility.pools:
+        if pool.name == name:
+            return pool.rack
+    raise ConfigError(f"{args.facility} has no [[pools]] entry named {name!r} "
+                      f"(it has: {', '.join(p.name for p in facility.pools) or 'none'})")
 
 
 @_errors_to_exit

@@ -26,6 +26,7 @@ from pathlib import Path
 from datavine.pools.base import PoolError
 from datavine.pools.factory import FactoryConfig
 from datavine.pools.factory_pool import FactoryPool
+from datavine.pools.identity import condor_name
 from datavine.pools.state import PROJECT_ROOT
 
 POOL_ATTR = "DatavinePool"
@@ -120,6 +121,16 @@ class CondorPool(FactoryPool):
             raise PoolError(f"condor_q failed: {result.stderr.strip()[-300:]}")
         counts = Counter(JOB_STATES.get(int(s), s) for s in result.stdout.split())
         return dict(counts)
+
+    def worker_names(self) -> list[str]:
+        if not self.config.named:
+            return []
+        result = condor_exec("condor_q", "-allusers", "-constraint",
+                             f"{self.constraint} && JobStatus == 2", "-af", "ClusterId", "ProcId")
+        if result.returncode != 0:
+            raise PoolError(f"condor_q failed: {result.stderr.strip()[-300:]}")
+        return sorted(condor_name(self.name, *line.split()) for line in
+                      result.stdout.splitlines() if len(line.split()) == 2)
 
     def _remove_jobs(self, timeout_s: float, factory_seen: bool) -> None:
         # Jobs are found by the pool's name, whoever started the factory.

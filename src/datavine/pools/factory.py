@@ -56,6 +56,9 @@ class FactoryConfig:
     How big, and labels:
         cores, memory_mb, disk_mb: per worker; also the batch job's request.
         features: worker features (``--feature``); ``rack`` adds ``rack:<rack>``.
+        named: each worker gets a unique name, the feature ``worker:<name>``
+            (:mod:`datavine.pools.identity`), so that placement can send a bundle to the
+            worker that read its file, as with local workers.
 
     Batch system:
         batch: ``"condor"`` (jobs through condor_submit) or ``"local"`` (processes here).
@@ -84,6 +87,7 @@ class FactoryConfig:
     extra_condor_submit: tuple[str, ...] = ()
     scratch_dir: Path | None = None
     debug_workers: bool = False
+    named: bool = True
 
     def __post_init__(self) -> None:
         if self.batch not in BATCHES:
@@ -151,12 +155,14 @@ def factory_config_text(cfg: FactoryConfig) -> str:
 
 def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
                     config_file: Path | None = None, debug_file: Path | None = None,
-                    parent_death: bool = False) -> list[str]:
+                    parent_death: bool = False, wrapper: Path | None = None) -> list[str]:
     """The ``vine_factory`` command line for ``cfg`` (pure).
 
     ``config_file``: a JSON file with :func:`factory_json`'s content, re-read each period.
     ``debug_file``: the factory's debug log (batch and vine subsystems).
     ``parent_death``: the factory exits, removing its workers, when its parent dies.
+    ``wrapper``: the script that names each worker (``cfg.named``); vine_factory copies it
+    into its scratch folder and ships it with every job.
     """
     cmd = [binary, "-T", cfg.batch, "--catalog", cfg.catalog,
            "--min-workers", str(cfg.min_workers), "--max-workers", str(cfg.workers),
@@ -181,6 +187,8 @@ def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
         cmd += ["--batch-options", "\\n".join(cfg.extra_condor_submit)]
     if cfg.debug_workers:
         cmd.append("--debug-workers")
+    if cfg.named and wrapper is not None:
+        cmd += ["--wrapper", f"./{wrapper.name}", "--wrapper-input", str(wrapper)]
     if config_file is not None:
         cmd += ["--config-file", str(config_file)]
     if debug_file is not None:

@@ -35,6 +35,7 @@ from datavine.pools.factory import (
     factory_command,
     factory_config_text,
 )
+from datavine.pools.identity import ENV_POOL, write_wrapper
 from datavine.pools.manager_status import ManagerQueryError, connected_workers
 from datavine.pools.state import (
     PoolState,
@@ -118,6 +119,11 @@ class FactoryPool(WorkerPool):
         """The pool's worker jobs by state."""
         raise NotImplementedError(f"{type(self).__name__}._jobs")
 
+    def worker_names(self) -> list[str]:
+        """Names of this pool's running workers (``config.named``), as their wrapper makes
+        them (:mod:`datavine.pools.identity`); a worker may still be connecting."""
+        raise NotImplementedError(f"{type(self).__name__}.worker_names")
+
     def _remove_jobs(self, timeout_s: float, factory_seen: bool) -> None:
         """Make sure no worker job of this pool is left; raise PoolError if some are.
 
@@ -165,12 +171,15 @@ class FactoryPool(WorkerPool):
         run_cfg = self._prepare(scratch)
         config_file = scratch / "factory.json"
         config_file.write_text(factory_config_text(run_cfg))
+        # vine_factory copies wrapper inputs into its scratch folder: keep the source apart
+        wrapper = write_wrapper(scratch / "identity") if run_cfg.named else None
         cmd = factory_command(run_cfg, binary=str(vine_binary("vine_factory")),
                               config_file=config_file, debug_file=scratch / "factory.debug",
-                              parent_death=not detach)
+                              parent_death=not detach, wrapper=wrapper)
         env = worker_environment()
         if run_cfg.rack:  # the workers' libraries report their rack with each result
             env[ENV_RACK] = run_cfg.rack
+        env[ENV_POOL] = self.name  # the wrapper names workers <pool>-<job>
         cmd, env = self._launch(cmd, env)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

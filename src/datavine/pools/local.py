@@ -17,6 +17,7 @@ from pathlib import Path
 from datavine.pools.base import PoolError
 from datavine.pools.factory import FactoryConfig
 from datavine.pools.factory_pool import FactoryPool
+from datavine.pools.identity import local_name
 
 
 def _group(pgid: int) -> list[tuple[int, int]]:
@@ -41,6 +42,15 @@ def _mentions_vine(pid: int) -> bool:
         return False
 
 
+def _is_worker(pid: int) -> bool:
+    """A vine_worker process (the wrapper execs it, so it keeps the wrapper's pid)."""
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return Path(argv0.decode(errors="replace")).name == "vine_worker"
+
+
 class LocalFactoryPool(FactoryPool):
     """Workers started by ``vine_factory -T local`` on this host."""
 
@@ -63,6 +73,12 @@ class LocalFactoryPool(FactoryPool):
             return {}
         n = sum(ppid == self.pid for _, ppid in _group(self.pid))
         return {"running": n} if n else {}
+
+    def worker_names(self) -> list[str]:
+        if self.pid is None or not self.config.named:
+            return []
+        return sorted(local_name(self.name, pid) for pid, _ in _group(self.pid)
+                      if _is_worker(pid))
 
     def _remove_jobs(self, timeout_s: float, factory_seen: bool) -> None:
         # The factory kills its workers when it stops, and they have a parent-death signal;
