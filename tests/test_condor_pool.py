@@ -217,3 +217,58 @@ def test_dask_graph_on_condor_workers_through_datavine(
         parts = [delayed(square)(i) for i in range(40)]
         total = delayed(sum)(parts)
         assert dask.compute(total, scheduler=cluster.get)[0] == sum(i * i for i in range(40))
+
+
+def test_named_condor_workers_are_warmed_and_get_their_files_back(
+        pool_dir: Path, tmp_path: Path, condor_diagnostics: None) -> None:
+    """Each HTCondor worker is named after its job (<pool>-<ClusterId>.<ProcId>), warmed and
+    announced before the run; a second run sends each file's task to the worker that read
+    it (placement 'cached'), as with local workers."""
+    import os
+    import shutil
+
+    import dask
+    from dask import delayed
+
+    from datavine.config import ManagerConfig, RunConfig
+    from datavine.facility import Facility, FacilityCluster, PoolSettings
+    from datavine.pools.identity import condor_name
+
+    data = pool_dir / "t-named-condor-data"  # under the pools folder: bound into the chroot
+    data.mkdir(parents=True, exist_ok=True)
+    data.chmod(0o755)
+    files = []
+    for i in range(6):
+        path = data / f"data-{i}.root"
+        path.write_bytes(b"x" * (100 + i))
+        path.chmod(0o644)
+        files.append(str(path))
+    pool = PoolSettings(name="t-named-condor", batch="condor", workers=2, rack="rack-c",
+                        idle_timeout_s=120, factory_period_s=1)
+    facility = Facility(path=tmp_path / "f.toml", manager=ManagerConfig(run_dir=tmp_path / "m"),
+                        run=RunConfig(memory=None, no_worker_timeout_s=90), pools=(pool,),
+                        workers_timeout_s=120)
+    graph = delayed(sum)([delayed(os.path.getsize)(f) for f in files])
+    try:
+        with FacilityCluster(facility, pool_dir=pool_dir) as cluster:
+            condor = cluster.pools[0]
+            assert isinstance(condor, CondorPool)
+            jobs = condor_q(condor, "ClusterId", "ProcId", "JobStatus")
+            names = condor.worker_names()
+            assert sorted(names) == sorted(condor_name("t-named-condor", c, p)
+                                           for c, p, status in jobs if status == "2")
+            assert len(names) == 2
+            assert cluster.warm_report is not None and cluster.warm_report.warm == set(names)
+            known = cluster.runtime.topology.workers
+            assert all(known[n].named and known[n].rack == "rack-c" for n in names)
+            runs = []
+            for _ in range(2):
+                (total,) = dask.compute(graph, scheduler=cluster.get)
+                assert total == sum(100 + i for i in range(6))
+                summary = cluster.last_summary
+                runs.append({k: w for _, k, w in summary.completions if "getsize" in str(k)})
+            assert set(runs[0].values()) <= set(names)
+            assert summary.placement == {"cached": 6}
+            assert runs[1] == runs[0]
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
