@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from datavine import cli_types
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
+from datavine.signals import Terminated, terminate_gracefully
 
 if TYPE_CHECKING:
     from datavine.cluster import Cluster
@@ -135,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: 2 for bad arguments, 0 for --help
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     try:
-        return int(args.func(args))
+        with terminate_gracefully():  # SIGTERM/SIGHUP clean up as Ctrl-C does
+            return int(args.func(args))
     except (DatavineError, ConfigError) as exc:
         if args.verbose:
             traceback.print_exc()
@@ -143,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         more = " (--verbose shows more)" if len(message) > 1 and not args.verbose else ""
         print(f"datavine {args.command}: {message[0]}{more}", file=sys.stderr)
         return EXIT_ERROR
+    except Terminated as exc:
+        print(f"datavine {args.command}: {exc}; stopped what it had started", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"datavine {args.command}: interrupted", file=sys.stderr)
         return 130

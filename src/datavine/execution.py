@@ -417,16 +417,16 @@ class GraphRun:
         failed or timed out abandons them): TaskVine cannot cancel a function call (that
         confused the worker's slot: the next call hung), so the library is restarted, which
         kills them, and the cluster's slots are free for the next run at once."""
-        running = 0
+        running = []
         for task_id, entry in list(self.inflight.items()):
             if entry.call.state == TASK_READY:
                 self.m.cancel_by_task_id(task_id)
             else:
-                running += 1
+                running.append(task_id)
             self._forget(task_id)
         if running:
-            self.summary.abandoned = running
-            self.rt.restart_library()
+            self.summary.abandoned = len(running)
+            self.rt.restart_library(tuple(running))
 
 
 def _shown(keys: list[Key]) -> str:

@@ -261,20 +261,28 @@ class Runtime:
             f"no worker received the environment tarball within {limit:.0f} s "
             f"({self.connected_workers()} workers connected to port {self.port})")
 
-    def restart_library(self) -> None:
-        """Stop every instance of the library, with the calls running in them, and have the
-        next run install a fresh one (warmed up again where ``warm_up`` was used).
+    def restart_library(self, calls: tuple[int, ...] = ()) -> None:
+        """Stop every instance of the library, with the calls running in them (``calls``:
+        their task ids), and have the next run install a fresh one (warmed up again where
+        ``warm_up`` was used).
 
-        TaskVine cannot cancel a running function call (cancelling one confused the
-        worker's slot: the next call hung), but removing the library kills its process on
-        every worker, and its capped child dies with it (PR_SET_PDEATHSIG). This is how the
+        TaskVine cannot cancel a running function call (the worker only releases its slot,
+        while the library goes on running it: the next call waited), and
+        ``Manager.remove_library`` skips instances whose slots are busy. Cancelling each
+        instance's task kills its process on its worker, and the capped child dies with it
+        (PR_SET_PDEATHSIG); the calls, cancelled after it, then hold nothing. This is how the
         calls a failed or timed-out run abandoned stop holding their slots."""
         if self._library is None:
             return
-        with contextlib.suppress(Exception):  # a manager that cannot is being closed anyway
-            self._m.remove_library(self._library)
-        self._library = None
+        name, self._library = self._library, None
         self._rewarm = bool(self._warm)
+        with contextlib.suppress(Exception):  # a manager that cannot is being closed anyway
+            for task in self._m.status("tasks") or ():
+                if isinstance(task, dict) and task.get("provides_library") == name:
+                    self._m.cancel_by_task_id(int(task["task_id"]))
+            for task_id in calls:
+                self._m.cancel_by_task_id(task_id)
+            self._m.remove_library(name)
 
     def rewarm(self, timeout_s: float) -> None:
         """After a library restart, start the new library on the warmed-up workers."""

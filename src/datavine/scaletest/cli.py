@@ -19,6 +19,7 @@ from datavine import cli_types
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
 from datavine.scaletest.run import COMPRESSIONS, POOLS, ScaleTestConfig, run_scale_test
+from datavine.signals import Terminated, terminate_gracefully
 
 DEFAULT_OUT = Path("runs/scaletest")
 EXIT_ERROR = 2
@@ -135,12 +136,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     try:
-        return cmd_scale_test(args)
+        with terminate_gracefully():  # SIGTERM/SIGHUP clean up as Ctrl-C does
+            return cmd_scale_test(args)
     except (DatavineError, ConfigError, OSError) as exc:
         if args.verbose:
             traceback.print_exc()
         print(f"scale-test: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except Terminated as exc:
+        print(f"scale-test: {exc}; stopped what it had started", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("scale-test: interrupted", file=sys.stderr)
         return 130

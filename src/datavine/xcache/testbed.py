@@ -34,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 
 from datavine.errors import DatavineError
+from datavine.reaper import reaper
 from datavine.shards import Shard, ShardMap
 from datavine.xcache.config import ServerPaths, origin_config, shard_config
 from datavine.xcache.stats import (
@@ -137,6 +138,7 @@ class XCacheTestbed:
         if self._workdir_arg is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="datavine-xcache-"))
             self.workdir.chmod(0o755)
+            reaper().add_path(self.workdir)
         else:
             self.workdir = self._workdir_arg.resolve()
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -169,12 +171,13 @@ class XCacheTestbed:
     def stop(self) -> None:
         """Stop every server (SIGTERM, then SIGKILL after 5 s); idempotent."""
         for server in [*self.shards, *([self.origin] if self.origin else [])]:
-            terminate(server.proc)
+            self._terminate(server)
         if self._listener is not None:
             self._listener.close()
             self._listener = None
         if self._workdir_arg is None and self.workdir is not None and not self._keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            reaper().remove_path(self.workdir)
 
     def __enter__(self) -> XCacheTestbed:
         return self.start()
@@ -184,7 +187,13 @@ class XCacheTestbed:
         self.stop()
 
     def stop_shard(self, index: int) -> None:
-        terminate(self.shards[index].proc)
+        self._terminate(self.shards[index])
+
+    @staticmethod
+    def _terminate(server: ServerProcess) -> None:
+        if server.proc is not None:
+            terminate(server.proc)
+            reaper().remove_session(server.proc.pid)
 
     def start_shard(self, index: int) -> None:
         server = self.shards[index]
@@ -250,6 +259,7 @@ class XCacheTestbed:
             server.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, cwd=server.paths.root,
                                            start_new_session=True)
+        reaper().add_session(server.proc.pid)  # stopped even if this process is killed
 
     def _wait_ready(self, server: ServerProcess) -> None:
         """Until the server answers a query over the xroot protocol, bounded."""
