@@ -1,0 +1,301 @@
+"""Benchmark: how the manager's cost grows with the number of workers (real vine_workers).
+
+For each count N (default 8, 32, 128, 256), ``datavine.LocalCluster(workers=N, cores=1,
+run=RunConfig(memory=None))`` on this host: N real ``vine_worker`` processes, each with a
+library (a Python process) started before the clock. ``memory=None`` runs bundles in the
+library itself: with caps on, every library would keep a forked child as well, doubling
+the processes. The graph: ``--waves`` x N tasks that sleep ``--sleep`` seconds (so the 2
+real cores are not the limit) and name a ``.root`` path each (so each is a bundle of its own
+and goes through placement, as a file-reading task does), then one task collecting them.
+
+Per count: seconds from submit until all N workers run a task at once (``all_busy_s``),
+achieved concurrency / ideal (the ideal run is ``waves x sleep``: every worker busy from
+the first instant), manager CPU seconds per bundle (this process: TaskVine's manager and
+datavine's loop), the scheduler's own decision time per bundle (datavine's planner,
+placement and caps, timed by wrapping those calls), manager RSS, memory per worker (drop
+of MemAvailable over the cluster's start / N), and workers lost. The same graph runs on
+DaskVine function-calls (``--daskvine-max``) and distributed (``--distributed-max``) where
+they fit. A count that would not fit in memory (measured per worker at the previous count)
+is skipped and the reason printed.
+
+    .venv/bin/python benchmarks/workers.py [--counts 8 32 128 256] [--sleep 4] [--waves 3]
+        [--daskvine-max 32] [--distributed-max 32]
+
+Last line: ``concurrency_ratio_<largest>=... manager_cpu_per_bundle_growth=...
+decision_us_per_bundle=... workers_lost=... largest=...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import common
+import dask
+from dask import delayed
+
+
+def sleep_task(path: str, seconds: float) -> tuple[float, float]:
+    """Sleep ``seconds``; ``path`` (never opened) makes datavine place the task like a
+    file-reading one. Returns (start, end) on this host's clock."""
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time()
+
+
+def collect(*intervals: tuple[float, float]) -> list[tuple[float, float]]:
+    return list(intervals)
+
+
+def make_graph(n_tasks: int, seconds: float) -> Any:
+    parts = [delayed(sleep_task, pure=True)(f"/bench/workers/file-{i:06d}.root", seconds,
+                                            dask_key_name=f"sleep-{i}")
+             for i in range(n_tasks)]
+    return delayed(collect, pure=True)(*parts, dask_key_name="collect")
+
+
+@dataclass
+class Run:
+    peer: str
+    workers: int
+    wall_s: float
+    ideal_s: float
+    all_busy_s: float | None
+    max_concurrency: int
+    start_s: float = 0.0
+    bundles: int = 0
+    cpu_s: float = 0.0
+    decision_s: float = 0.0
+    rss_mb: float = 0.0
+    mb_per_worker: float = 0.0
+    lost: int = 0
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def concurrency_ratio(self) -> float:
+        return self.ideal_s / self.wall_s if self.wall_s else 0.0
+
+
+def busy_profile(intervals: list[tuple[float, float]], t0: float,
+                 n: int) -> tuple[float | None, int]:
+    """(seconds from ``t0`` until ``n`` tasks ran at once, or None; the most at once)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = best = 0
+    reached = None
+    for t, step in events:
+        running += step
+        best = max(best, running)
+        if reached is None and running >= n:
+            reached = t - t0
+    return reached, best
+
+
+def mem_available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@contextlib.contextmanager
+def timed_decisions() -> Iterator[list[float]]:
+    """Time datavine's decisions (planner, placement, caps) by wrapping those calls."""
+    from datavine import execution
+    from datavine.bundling import Planner
+    from datavine.memory import MemoryState
+
+    spent = [0.0]
+    targets = [(Planner, "next_bundles"), (execution.GraphRun, "_place"),
+               (MemoryState, "cap_for"), (MemoryState, "dominant_category")]
+    saved = [(cls, name, getattr(cls, name)) for cls, name in targets]
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - started
+        return timed
+
+    for cls, name, fn in saved:
+        setattr(cls, name, wrap(fn))
+    try:
+        yield spent
+    finally:
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
+
+
+def run_datavine(n: int, sleep: float, waves: int) -> Run:
+    import datavine
+    from datavine.config import RunConfig
+
+    before = mem_available_mb()
+    started = time.perf_counter()
+    run_cfg = RunConfig(memory=None, no_worker_timeout_s=300)
+    with datavine.LocalCluster(workers=n, cores=1, run=run_cfg,
+                               connect_timeout_s=900) as cluster:
+        start_s = time.perf_counter() - started
+        per_worker = (before - mem_available_mb()) / n
+        warm = len(cluster.warm_libraries)
+        graph = make_graph(waves * n, sleep)
+        with timed_decisions() as spent:
+            cpu0, t0 = cpu_s(), time.time()
+            (intervals,) = dask.compute(graph, scheduler=cluster.get)
+            wall, cpu = time.time() - t0, cpu_s() - cpu0
+        summary = cluster.last_summary
+        reached, most = busy_profile(intervals, t0, n)
+        connected = cluster.runtime.connected_workers()
+        return Run("datavine", n, wall, waves * sleep, reached, most, start_s=start_s,
+                   bundles=summary.bundles, cpu_s=cpu, decision_s=spent[0], rss_mb=rss_mb(),
+                   mb_per_worker=per_worker,
+                   lost=len(summary.lost_workers) + max(0, n - connected),
+                   note=f"{warm} libraries warm before the clock; {summary.retries} retries",
+                   extra={"connected_after": connected})
+
+
+def run_daskvine(n: int, sleep: float, waves: int) -> Run:
+    before = mem_available_mb()
+    started = time.perf_counter()
+    with common.daskvine(n, 1, timeout_s=600) as manager:
+        start_s = time.perf_counter() - started
+        graph = make_graph(waves * n, sleep)
+        get = common.daskvine_get(manager, "function-calls")
+        cpu0, t0 = cpu_s(), time.time()
+        # DaskVine.get takes a dict graph and keys (it fails on dask >= 2025.4 expressions)
+        (intervals,) = get(dict(graph.__dask_graph__()), graph.__dask_keys__())
+        wall, cpu = time.time() - t0, cpu_s() - cpu0
+        reached, most = busy_profile(intervals, t0, n)
+        return Run("DaskVine function-calls", n, wall, waves * sleep, reached, most,
+                   start_s=start_s, bundles=waves * n + 1, cpu_s=cpu, rss_mb=rss_mb(),
+                   mb_per_worker=(before - mem_available_mb()) / n,
+                   lost=max(0, n - manager.stats.workers_connected),
+                   note="a library per worker, started by the first call (inside the clock)")
+
+
+def run_distributed(n: int, sleep: float, waves: int) -> Run:
+    before = mem_available_mb()
+    started = time.perf_counter()
+    with common.distributed_client(n, 1) as client:
+        start_s = time.perf_counter() - started
+        graph = make_graph(waves * n, sleep)
+        cpu0, t0 = cpu_s(), time.time()
+        (intervals,) = dask.compute(graph, scheduler=client.get)
+        wall, cpu = time.time() - t0, cpu_s() - cpu0
+        reached, most = busy_profile(intervals, t0, n)
+        alive = len(client.scheduler_info()["workers"])
+        return Run("distributed", n, wall, waves * sleep, reached, most, start_s=start_s,
+                   bundles=waves * n + 1, cpu_s=cpu, rss_mb=rss_mb(),
+                   mb_per_worker=(before - mem_available_mb()) / n, lost=max(0, n - alive),
+                   note="the scheduler runs in this process (a thread)")
+
+
+def table(runs: list[Run]) -> str:
+    lines = ["| peer | workers | start s | wall s | ideal s | concurrency / ideal | "
+             "all busy after s | most at once | bundles | manager CPU ms per bundle | "
+             "decision us per bundle | manager RSS MB | MB per worker | lost | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in runs:
+        busy = f"{r.all_busy_s:.2f}" if r.all_busy_s is not None else "never"
+        decision = f"{1e6 * r.decision_s / r.bundles:.0f}" if r.decision_s else "-"
+        lines.append(
+            f"| {r.peer} | {r.workers} | {r.start_s:.1f} | {r.wall_s:.2f} | {r.ideal_s:.1f} | "
+            f"{r.concurrency_ratio:.3f} | {busy} | {r.max_concurrency} | {r.bundles} | "
+            f"{1e3 * r.cpu_s / max(r.bundles, 1):.2f} | {decision} | {r.rss_mb:.0f} | "
+            f"{r.mb_per_worker:.0f} | {r.lost} | {r.note} |")
+    return "\n".join(lines)
+
+
+def fits(n: int, mb_per_worker: float, margin: float = 0.75) -> tuple[bool, str]:
+    need, have = n * mb_per_worker, mem_available_mb()
+    ok = need <= margin * have
+    return ok, (f"{n} workers x {mb_per_worker:.0f} MB = {need:,.0f} MB against "
+                f"{have:,.0f} MB available ({margin:.0%} usable)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--counts", type=int, nargs="+", default=[8, 32, 128, 256])
+    parser.add_argument("--sleep", type=float, default=4.0)
+    parser.add_argument("--waves", type=int, default=3)
+    parser.add_argument("--daskvine-max", type=int, default=32)
+    parser.add_argument("--distributed-max", type=int, default=32)
+    args = parser.parse_args(argv)
+    common.setup()
+    print(f"# {common.machine_info()}", flush=True)
+    runs: list[Run] = []
+    mb_per_worker = 0.0
+    for n in sorted(args.counts):
+        if mb_per_worker:
+            ok, why = fits(n, mb_per_worker)
+            if not ok:
+                print(f"# skipped {n} workers: {why}", flush=True)
+                continue
+        run = run_datavine(n, args.sleep, args.waves)
+        mb_per_worker = max(mb_per_worker, run.mb_per_worker)
+        runs.append(run)
+        print(f"# datavine {n}: {run.wall_s:.2f} s, ratio {run.concurrency_ratio:.3f}, "
+              f"{1e3 * run.cpu_s / max(run.bundles, 1):.2f} ms CPU per bundle "
+              f"(load {common.machine_info().split('load=')[1].split(']')[0]}])", flush=True)
+        for peer, limit, fn in (("daskvine", args.daskvine_max, run_daskvine),
+                                ("distributed", args.distributed_max, run_distributed)):
+            if n <= limit:
+                try:
+                    runs.append(fn(n, args.sleep, args.waves))
+                except Exception as exc:  # a peer that fails is reported, not fatal
+                    print(f"# {peer} {n}: failed: {type(exc).__name__}: {exc}", flush=True)
+    print(table(runs))
+    ours = [r for r in runs if r.peer == "datavine"]
+    if not ours:
+        return 1
+    small, large = ours[0], ours[-1]
+    per_bundle = {r.workers: r.cpu_s / max(r.bundles, 1) for r in ours}
+    peers = {(r.peer, r.workers): r for r in runs if r.peer != "datavine"}
+    pairs: dict[str, Any] = {
+        f"concurrency_ratio_{large.workers}": round(large.concurrency_ratio, 3),
+        "manager_cpu_per_bundle_growth": round(per_bundle[large.workers]
+                                               / per_bundle[small.workers], 2),
+        "decision_us_per_bundle": round(1e6 * large.decision_s / max(large.bundles, 1)),
+        "workers_lost": sum(r.lost for r in ours), "largest": large.workers,
+        "all_busy_s_largest": (round(large.all_busy_s, 2) if large.all_busy_s is not None
+                               else "never"),
+        "manager_rss_mb_largest": round(large.rss_mb),
+        "mb_per_worker": round(statistics.median(r.mb_per_worker for r in ours)),
+    }
+    for r in ours:
+        pairs[f"concurrency_ratio_{r.workers}"] = round(r.concurrency_ratio, 3)
+        pairs[f"cpu_ms_per_bundle_{r.workers}"] = round(1e3 * per_bundle[r.workers], 2)
+        for name, key in (("daskvine_fc", "DaskVine function-calls"),
+                          ("distributed", "distributed")):
+            peer = peers.get((key, r.workers))
+            if peer is not None:
+                pairs[f"{name}_concurrency_ratio_{r.workers}"] = round(
+                    peer.concurrency_ratio, 3)
+    print(common.kv_line(pairs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
