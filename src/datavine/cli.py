@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -35,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from datavine import cli_types
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
-from datavine.signals import Terminated, terminate_gracefully
+from datavine.reaper import temporary_directory
+from datavine.signals import Terminated, handled, terminate_gracefully
 
 if TYPE_CHECKING:
     from datavine.cluster import Cluster
@@ -146,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"datavine {args.command}: {message[0]}{more}", file=sys.stderr)
         return EXIT_ERROR
     except Terminated as exc:
+        handled()
         print(f"datavine {args.command}: {exc}; stopped what it had started", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
@@ -186,10 +187,9 @@ def readable_folder(data_dir: Path, files: Sequence[Path], user: str | None) -> 
     try:
         check_reachable(data_dir.resolve(), user, need_read=True)
     except PermissionError as exc:
-        mirror = Path(tempfile.mkdtemp(prefix="datavine-served-"))
-        print(f"note: the {user} user cannot read {data_dir} ({exc}); serving a mirror in "
-              f"{mirror}")
-        try:
+        with temporary_directory("datavine-served-") as mirror:
+            print(f"note: the {user} user cannot read {data_dir} ({exc}); serving a mirror "
+                  f"in {mirror}")
             mirror.chmod(0o755)
             served = []
             for f in files:
@@ -201,8 +201,6 @@ def readable_folder(data_dir: Path, files: Sequence[Path], user: str | None) -> 
                 target.chmod(0o644)
                 served.append(target)
             yield mirror, served
-        finally:
-            shutil.rmtree(mirror, ignore_errors=True)
         return
     yield data_dir, list(files)
 
@@ -329,8 +327,7 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
     else:
         if args.password is not None and not args.password.is_file():
             raise RunError(f"--password {args.password}: no such file")
-        run_dir = stack.enter_context(tempfile.TemporaryDirectory(
-            prefix="datavine-run-", ignore_cleanup_errors=True))
+        run_dir = stack.enter_context(temporary_directory("datavine-run-"))
         manager = ManagerConfig(port=args.port, password_file=args.password,
                                 run_dir=Path(run_dir))
         # The TaskVine manager writes its last logs when it is collected: before run_dir goes.

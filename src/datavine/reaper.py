@@ -21,7 +21,9 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 GRACE_S = 3.0  # SIGTERM to SIGKILL, per session
@@ -81,6 +83,19 @@ _REAPER = Reaper()
 def reaper() -> Reaper:
     """This process's reaper (started on the first registration)."""
     return _REAPER
+
+
+@contextlib.contextmanager
+def temporary_directory(prefix: str) -> Iterator[Path]:
+    """A new temporary directory, removed when the block ends, or by the reaper should this
+    process be killed inside the block."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    reaper().add_path(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        reaper().remove_path(path)
 
 
 # --- the reaper process ------------------------------------------------------------------

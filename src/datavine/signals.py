@@ -5,13 +5,18 @@ SIGHUP, whose default action ends the process at once: no ``finally`` block runs
 workers, XCache servers and temporary directories stay behind. While
 :func:`terminate_gracefully` is active, either signal raises :class:`Terminated` (a
 ``KeyboardInterrupt``, so every cleanup path written for Ctrl-C runs) in the main thread; a
-second signal during that cleanup is ignored, not allowed to cut it short. A process that
-already handles these signals itself keeps its own handlers.
+second signal during that cleanup is ignored, not allowed to cut it short. A program that
+does not catch :class:`Terminated` still dies by the signal once its cleanup and ``atexit``
+handlers have run (exit status 128 + N in a shell), as a signalled program should; one that
+catches it decides its own exit status (:func:`handled`). A process that already handles
+these signals itself keeps its own handlers.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -34,10 +39,30 @@ class Terminated(KeyboardInterrupt):
         return 128 + self.signum
 
 
+_pending: list[int] = []  # a signal that raised Terminated and was not handled yet
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     for sig in SIGNALS:  # cleanup runs next: a second signal must not interrupt it
         signal.signal(sig, signal.SIG_IGN)
+    if not _pending:
+        atexit.register(_die_by_signal)
+    _pending[:] = [signum]
     raise Terminated(signum)
+
+
+def handled() -> None:
+    """The program caught :class:`Terminated` and exits with a status of its own."""
+    _pending.clear()
+
+
+def _die_by_signal() -> None:
+    """At exit after an unhandled Terminated: end by the signal itself (its default action),
+    so that the parent sees what happened."""
+    if _pending:
+        signum = _pending[0]
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 _depth = 0  # nested activations (a CLI command holding a LocalCluster)

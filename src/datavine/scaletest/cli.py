@@ -13,25 +13,47 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from datavine import cli_types
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
 from datavine.scaletest.run import COMPRESSIONS, POOLS, ScaleTestConfig, run_scale_test
-from datavine.signals import Terminated, terminate_gracefully
+from datavine.signals import Terminated, handled, terminate_gracefully
 
 DEFAULT_OUT = Path("runs/scaletest")
+
+
+@dataclass(frozen=True)
+class Size:
+    files: int
+    events_per_file: int
+    passes: int
+
+
+# The default run lasts tens of seconds here (ZSTD, 2 cores: ~2-3M events/s): 32M events,
+# read from 4M generated ones (~430 MB, generated once); --quick is the old default.
+LONG = Size(files=16, events_per_file=250_000, passes=8)
+QUICK = Size(files=8, events_per_file=100_000, passes=1)
 EXIT_ERROR = 2
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The scale test's options, on ``parser``."""
     data = parser.add_argument_group("data")
-    data.add_argument("--files", type=cli_types.positive, default=8, metavar="N",
-                      help="generated files (default 8)")
-    data.add_argument("--events-per-file", type=cli_types.positive, default=100_000, metavar="N",
-                      help="events per generated file (default 100000)")
+    data.add_argument("--files", type=cli_types.positive, metavar="N",
+                      help=f"generated files (default {LONG.files}; --quick {QUICK.files})")
+    data.add_argument("--events-per-file", type=cli_types.positive, metavar="N",
+                      help=f"events per generated file (default {LONG.events_per_file}; "
+                      f"--quick {QUICK.events_per_file})")
+    data.add_argument("--passes", type=cli_types.positive, metavar="N",
+                      help=f"read the dataset N times (default {LONG.passes}, tens of seconds "
+                      f"on 2 cores so the timeline shows ramp-up, steady state and tail; "
+                      f"--quick {QUICK.passes})")
+    data.add_argument("--quick", action="store_true",
+                      help=f"a short run: {QUICK.files} files x {QUICK.events_per_file} events, "
+                      f"{QUICK.passes} pass (under a second of processing here)")
     data.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
                       help="compression of the generated files (default zstd)")
     data.add_argument("--seed", type=cli_types.non_negative, default=0, help="generator seed")
@@ -93,8 +115,11 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
 
 
 def config_from_args(args: argparse.Namespace) -> ScaleTestConfig:
+    size = QUICK if args.quick else LONG
     return ScaleTestConfig(
-        files=args.files, events_per_file=args.events_per_file,
+        files=args.files or size.files,
+        events_per_file=args.events_per_file or size.events_per_file,
+        passes=args.passes or size.passes,
         chunk_events=args.chunk_events, compression=args.compression, seed=args.seed,
         data_dir=args.data, fileset=args.fileset, workers=args.workers, cores=args.cores,
         memory_mb=args.memory, pool=args.pool, port=args.port, password_file=args.password,
@@ -110,7 +135,8 @@ def cmd_scale_test(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     source = str(config.fileset) if config.fileset else (
         f"{config.files} generated files x {config.events_per_file:,} events "
-        f"({config.compression}) in {config.data_dir}")
+        f"({config.compression}) in {config.data_dir}") + (
+        f", read {config.passes} times" if config.passes > 1 else "")
     print(f"scale test: {source}, chunks of {config.chunk_events:,} events, pool "
           f"{config.pool} ({config.n_workers} workers x {config.cores} cores)"
           + (f", through {config.xcache_shards} XCache shard(s)" if config.xcache_shards else ""))
@@ -144,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"scale-test: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except Terminated as exc:
+        handled()
         print(f"scale-test: {exc}; stopped what it had started", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

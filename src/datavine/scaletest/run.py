@@ -23,7 +23,6 @@ import gc
 import itertools
 import json
 import os
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from typing import Any
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
 from datavine.graph import Key, add_merge_tree
+from datavine.reaper import temporary_directory
 from datavine.scaletest.report import ScaleReport, build_report
 from datavine.scaletest.tasks import FileInfo, Tally, file_info, merge_tallies, run_chunk
 
@@ -62,6 +62,9 @@ class ScaleTestConfig:
         xcache_shards: serve the files through a loopback XCache testbed of N shards.
         retries: attempts again of a chunk that failed with an I/O error.
         merge_fanin: chunk results merged per merge task.
+        passes: read the dataset this many times, each pass's chunks tasks of their own: a
+            run long enough to show ramp-up, steady state and tail from a small generated
+            dataset (the CLI's default; ``--quick`` is one pass of today's 8 small files).
         timeout_s: bound on the processing graph (``RunConfig.timeout_s``).
         connect_timeout_s: how long to wait for the pool's workers.
         bin_s: the timeline's bin width (default: the wall time / 120, at least 0.25 s).
@@ -87,6 +90,7 @@ class ScaleTestConfig:
     xcache_shards: int = 0
     retries: int = 1
     merge_fanin: int = 8
+    passes: int = 1
     timeout_s: float | None = None
     connect_timeout_s: float = 120.0
     bin_s: float | None = None
@@ -95,7 +99,7 @@ class ScaleTestConfig:
     tree: str = "Events"
 
     def __post_init__(self) -> None:
-        for name in ("files", "events_per_file", "chunk_events", "cores"):
+        for name in ("files", "events_per_file", "chunk_events", "cores", "passes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"scale test: {name} must be >= 1, got {getattr(self, name)}")
         if self.workers is not None and self.workers < 1:
@@ -135,7 +139,7 @@ def run_scale_test(config: ScaleTestConfig, cluster: Any = None) -> ScaleReport:
         t = time.monotonic()
         infos = read_file_infos(cluster, files, config.tree)
         setup["metadata_s"] = round(time.monotonic() - t, 3)
-        chunks = make_chunks(infos, config.chunk_events)
+        chunks = make_chunks(infos, config.chunk_events) * config.passes
         t0 = time.time()
         started = time.monotonic()
         tally = process_chunks(cluster, chunks, config) if chunks else Tally()
@@ -143,7 +147,8 @@ def run_scale_test(config: ScaleTestConfig, cluster: Any = None) -> ScaleReport:
         summary = getattr(cluster, "last_summary", None) if chunks else None
         workers, cores = pool_size(cluster, summary)
     report = build_report(infos, tally, wall_s=wall_s, t0=t0, workers=workers, cores=cores,
-                          summary=summary, n_chunks=len(chunks), bin_s=config.bin_s)
+                          summary=summary, n_chunks=len(chunks), bin_s=config.bin_s,
+                          passes=config.passes)
     report.setup_s = setup
     report.config = {k: (str(v) if isinstance(v, Path) else v)
                      for k, v in asdict(config).items()}
@@ -231,8 +236,7 @@ def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap
     from datavine.cluster import Cluster, LocalCluster
     from datavine.config import ManagerConfig, RunConfig
 
-    run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(
-        prefix="datavine-scaletest-", ignore_cleanup_errors=True)))
+    run_dir = stack.enter_context(temporary_directory("datavine-scaletest-"))
     stack.callback(gc.collect)  # the TaskVine manager writes its logs when collected
     run = RunConfig(progress=config.progress, timeout_s=config.timeout_s, shardmap=shardmap,
                     no_worker_timeout_s=max(60.0, config.connect_timeout_s))
