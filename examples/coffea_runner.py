@@ -4,11 +4,11 @@
 
 Runs a small processor (MET histogram, muon counts) over coffea's real NanoAOD sample
 ``nano_dy.root`` (fetched from coffea's source distribution on first use) with
-``processor.Runner(executor=DatavineExecutor(...))``, which starts local workers for the run
-(``with executor:`` keeps them for both of the Runner's steps), then prints the histogram
-and what the executor did. The processor class lives in this script (``__main__``), so
-cloudpickle sends it to the workers by value; for a processor in a module of your own that
-the workers cannot import, pass ``DatavineExecutor(pickle_by_value=("your_module",))``.
+``processor.Runner(executor=DatavineExecutor(...))``, which starts local workers at its first
+call and keeps them for all of them (``with executor:`` stops them at the end), then prints
+the histogram and what the executor did. The processor class lives in this script
+(``__main__``); a processor in a module of your own next to the script works the same way:
+the executor sends code the workers cannot import by value.
 """
 
 from __future__ import annotations
@@ -51,15 +51,13 @@ def main() -> int:
     executor = DatavineExecutor(workers=args.workers, skipbadfiles=True)
     run = processor.Runner(executor=executor, schema=NanoAODSchema, chunksize=args.chunksize,
                            skipbadfiles=True)
-    with executor:  # one set of local workers for preprocessing and processing
+    with executor:  # local workers for preprocessing and processing, stopped at the end
         out = run(fileset, treename="Events", processor_instance=MetAndMuons())
 
     result = out["DYJets"]
     print(f"DYJets: {result['events']} events, {result['muons']} muons")
     print(result["met"])
-    for call in executor.report.calls:
-        print(f"{call.desc}: {call.items} items, {call.succeeded} succeeded, "
-              f"{len(call.skipped)} skipped, {call.wall_s:.1f} s")
+    print("\n".join(executor.report.lines()))
     return 0
 
 
