@@ -15,6 +15,7 @@ Before a call's graph is built, :class:`~datavine.coffea.DatavineExecutor` asks 
 - :func:`with_datavine_reads`: coffea's uproot options get
   :class:`~datavine.coffea.source.DatavineSource` as ``handler`` (reads through the shards,
   accounted), unless the user chose a handler.
+- :func:`find_x509_proxy`: the X509 proxy to send with the items, found as coffea does.
 """
 
 from __future__ import annotations
@@ -152,7 +153,10 @@ def ship_code(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], lis
     function (with coffea's processor pickled again when that changed it) and the modules
     this call registered."""
     registered: list[str] = []
-    _, modules = referenced_modules(cloudpickle.dumps(function))
+    try:
+        _, modules = referenced_modules(cloudpickle.dumps(function))
+    except Exception:  # cannot be inspected here: it travels as it is, and says why there
+        return function, registered
     registered += register_by_value(needs_by_value(modules))
     if not _is_coffea(function, _WORK_FUNCTION):
         return function, registered
@@ -162,7 +166,10 @@ def ship_code(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], lis
         return function, registered
     import lz4.frame
 
-    processor, modules = referenced_modules(lz4.frame.decompress(blob))
+    try:
+        processor, modules = referenced_modules(lz4.frame.decompress(blob))
+    except Exception:
+        return function, registered
     registered += register_by_value(needs_by_value(modules))
     if not {m.split(".")[0] for m in modules} & by_value_modules():
         return function, registered
