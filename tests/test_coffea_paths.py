@@ -249,3 +249,23 @@ def test_x509_proxy_and_extra_input_files_reach_the_items(cluster: Any, tmp_path
         files, treename="Events", processor_instance=module.Shipped())
     assert out == {"proxy": proxy.read_text(), "extra": extra.read_text(), "mode": 0o600}
     assert os.environ["X509_USER_PROXY"] == str(proxy)
+
+
+@pytest.mark.taskvine
+def test_item_function_the_workers_cannot_load_names_the_fix(
+        cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An item function (not a processor) from a module the workers lack: the task does
+    not unpickle there; the error says which module and how to send it."""
+    from datavine.errors import TaskLoadError
+
+    (tmp_path / "dv_client_only_fn.py").write_text("def square(i):\n    return {'n': i * i}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # a fresh interpreter here finds it
+    module = importlib.import_module("dv_client_only_fn")
+    monkeypatch.delitem(sys.modules, "dv_client_only_fn")
+    sys.modules["dv_client_only_fn"] = module
+    executor = on(cluster, retries=3)
+    with pytest.raises(TaskLoadError, match="dv_client_only_fn") as info:
+        executor(list(range(3)), module.square, None)
+    assert any("DatavineExecutor(pickle_by_value=('dv_client_only_fn',))" in note
+               for note in info.value.__notes__)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
 import time
 import uuid
 import warnings
@@ -69,7 +70,7 @@ from datavine.coffea.tasks import (
     merge_partials,
     run_item,
 )
-from datavine.errors import MemoryCapError
+from datavine.errors import MemoryCapError, TaskLoadError
 from datavine.graph import Key, add_merge_tree
 
 
@@ -190,7 +191,12 @@ class DatavineExecutor(ExecutorBase):
         except Exception as exc:
             record.error = f"{type(exc).__name__}: {exc}"
             record.wall_s = time.monotonic() - started
-            if not isinstance(exc, WorkerImportError):
+            if isinstance(exc, TaskLoadError):  # the task itself did not unpickle there
+                module = re.search(r"No module named '([^']+)'", str(exc))
+                name = module.group(1).split(".")[0] if module else "<your module>"
+                exc.add_note(f"datavine: with DatavineExecutor, send it by value: "
+                             f"DatavineExecutor(pickle_by_value=({name!r},))")
+            elif not isinstance(exc, WorkerImportError):
                 # The run itself failed (no workers, timeout, a cluster that does not
                 # start): no item's output came back, so there is no partial result.
                 exc.add_note(f"datavine: the {self.desc.lower()} run of {len(items)} coffea "
