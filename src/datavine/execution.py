@@ -46,7 +46,6 @@ Key = Hashable
 REFRESH_S = 1.0  # how often workers are sampled and the library's health is checked
 LOOKAHEAD_FACTOR = 4  # bundles considered per free slot when the first ones must wait
 TASK_READY = "READY"  # Task.state (a string): submitted, not dispatched to a worker yet
-TASK_RUNNING = "RUNNING"  # dispatched to a worker
 
 
 @dataclass
@@ -56,7 +55,7 @@ class Inflight:
     target: Target
     category: str
     cap_mb: float | None
-    addrport: str | None = None  # the worker it was last seen running on
+    dispatched: bool = False  # seen running at a refresh
 
 
 class GraphRun:
@@ -134,27 +133,36 @@ class GraphRun:
                                      self.rt.connected_cores()))
         gone, lost_addr = self.rt.drop_lost_workers()
         self.summary.lost_workers.extend(sorted(gone | lost_addr))
-        for task_id, entry in list(self.inflight.items()):
+        # Calls whose worker or library died under them: TaskVine's log shows those it put
+        # back with a new attempt; a call seen running that is waiting again was put back
+        # without one (its library died: "forsaken").
+        requeued = set(self.rt.requeues.read())
+        for task_id, entry in self.inflight.items():
             state = entry.call.state
-            if state == TASK_RUNNING:
-                here = entry.call.addrport
-                if entry.addrport is not None and here != entry.addrport:
-                    # TaskVine moved it to another worker already: count the retry
-                    self.summary.retries += 1
-                    self.summary.failures.append(
-                        f"bundle {entry.bundle.id} ({len(entry.bundle.keys)} tasks): worker "
-                        f"{entry.addrport} or its library died; re-run on {here}")
-                entry.addrport = here
-            elif state == TASK_READY and (entry.target.worker in gone or entry.addrport):
-                # Pinned to a worker that left, or requeued by TaskVine after its worker or
-                # library died (TaskVine would hold it back for its transient-error
-                # interval, ~15 s): cancel it, and run it again at once where there is room.
+            if state == TASK_READY and entry.dispatched:
+                requeued.add(task_id)
+            entry.dispatched = state != TASK_READY
+        for task_id in requeued:
+            entry = self.inflight.get(task_id)
+            if entry is None:
+                continue
+            entry.dispatched = False
+            if entry.call.state == TASK_READY:
+                # TaskVine would hold it back for its transient-error interval (~15 s):
+                # cancel it, and run it again at once where there is room.
                 self.m.cancel_by_task_id(task_id)
                 self._forget(task_id)
-                where = entry.target.worker or entry.addrport
-                what = "was lost" if where in gone or where in lost_addr else (
-                    "or its library died under it")
-                self._retry(entry.bundle, f"worker {where} {what}", anywhere=True)
+                self._retry(entry.bundle, "its worker or library died under it", anywhere=True)
+            else:  # TaskVine sent it to another worker already: count the retry
+                self.summary.retries += 1
+                self.summary.failures.append(
+                    f"bundle {entry.bundle.id} ({len(entry.bundle.keys)} tasks): its worker or "
+                    f"library died under it; re-run on {entry.call.addrport}")
+        for task_id, entry in list(self.inflight.items()):
+            if entry.target.worker in gone and entry.call.state == TASK_READY:
+                self.m.cancel_by_task_id(task_id)  # pinned to a worker that left
+                self._forget(task_id)
+                self._retry(entry.bundle, f"worker {entry.target.worker} left", anywhere=True)
         self.rt.check_library()
 
     # --- submitting ----------------------------------------------------------------------

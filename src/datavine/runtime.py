@@ -64,6 +64,38 @@ def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
             "long-timeout": max(2, third)}
 
 
+class RequeueLog:
+    """Calls TaskVine put back in its queue by itself (their worker or library died), read
+    from its transactions log as it grows: ``TASK <id> READY <category> <how> <attempt>``
+    lines with an attempt above 1. The log is TaskVine's record of every state change; the
+    Python bindings expose no try count."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[int]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        return [task_id for line in lines if (task_id := requeued_task(line)) is not None]
+
+
+def requeued_task(line: bytes) -> int | None:
+    """The task id of a transactions-log line that requeues a task, else None (pure)."""
+    fields = line.split(maxsplit=8)  # time pid TASK id READY category allocation attempt ...
+    if len(fields) >= 8 and fields[2] == b"TASK" and fields[4] == b"READY":
+        with contextlib.suppress(ValueError):
+            return int(fields[3]) if int(fields[7]) > 1 else None
+    return None
+
+
 def check_port_free(port: int) -> None:
     """Raise ManagerStartError naming ``port`` when a listener already holds it."""
     if port == 0:
@@ -137,6 +169,7 @@ class Runtime:
         self._warm: dict[str, int] = {}  # workers warmed up, again after a library restart
         self._rewarm = False
         self._addrports: set[str] = set()  # workers connected at the last status
+        self.requeues = RequeueLog(self.info_dir / "vine-logs" / "transactions")
         self.costs = CostModel()
         policy = self.run_config.memory
         self.memory = MemoryState(policy) if policy is not None else None

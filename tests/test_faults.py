@@ -1,0 +1,126 @@
+"""The fault suite: each fault injected into real processes (vine_workers, the XCache
+testbed, a ``datavine run`` client), asserting the result is right or the error is the right
+one, the time to recover is within its bound, and nothing is left behind.
+
+The bounds are hang detectors, not performance figures (those are in
+``benchmarks/faults.py``): a run whose worker froze must finish within
+``ManagerConfig.worker_timeout_s`` (15 s) plus the run and a wide margin.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datavine import faults
+from datavine.errors import RunTimeoutError, TaskTimeLimitError
+from datavine.faults import FaultResult
+
+pytestmark = [pytest.mark.taskvine, pytest.mark.faults]
+
+BASE_S = 30.0  # the workload takes ~3 s here; anything near this bound is a hang
+
+
+def check(result: FaultResult, bound_s: float = BASE_S) -> None:
+    assert result.recovered, result
+    assert result.processes_left == 0 and result.files_left == 0, result
+    assert result.seconds < bound_s, result
+
+
+@pytest.mark.parametrize("inject", [faults.kill_worker_alone, faults.kill_worker_session,
+                                    faults.kill_library, faults.kill_capped_child],
+                         ids=["worker-alone", "worker-session", "library", "capped-child"])
+def test_killed_process_costs_a_retry_not_the_run(inject: Any) -> None:
+    result = faults.in_cluster(inject.__name__, inject)
+    check(result)
+    assert "1 retries" in result.outcome or "2 retries" in result.outcome, result
+
+
+def test_capped_child_sigkill_is_reported_as_an_oom_overrun() -> None:
+    import datavine
+
+    graph, total = faults.nap_graph()
+    with datavine.LocalCluster(workers=2, cores=1) as cluster:
+        import threading
+
+        threading.Timer(faults.FAULT_AT_S, faults.kill_capped_child, (cluster,)).start()
+        (value,) = cluster.get(graph, ["total"])
+        summary = cluster.last_summary
+    assert value == total
+    assert any("SIGKILL" in f and "out-of-memory" in f for f in summary.failures), summary.lines()
+    assert summary.categories["fault-nap"].overruns == 1
+
+
+@pytest.mark.slow
+def test_frozen_worker_is_declared_lost_and_its_calls_rerun() -> None:
+    result = faults.in_cluster("worker SIGSTOP", faults.freeze_worker)
+    # ManagerConfig.worker_timeout_s (15 s) + the run; a frozen manager took an hour
+    check(result, bound_s=15 + BASE_S)
+
+
+def test_runaway_task_is_stopped_named_and_the_cluster_stays_usable() -> None:
+    graph = faults.nap_graph(6, faults.NAP_S, faults.spin)
+    result = faults.in_cluster("runaway", None, expect=TaskTimeLimitError, graph=graph,
+                               naming="('fault-spin', 0)", time_limits={"fault-spin": 2.0},
+                               after=faults.next_run_check)
+    check(result)
+    assert "next run" in result.outcome
+
+
+@pytest.mark.parametrize("capped", [True, False], ids=["capped", "uncapped"])
+def test_calls_abandoned_by_a_timed_out_run_are_stopped(capped: bool) -> None:
+    import datavine
+
+    memory = {} if capped else {"memory": None}
+    result = faults.in_cluster("timeout", None, expect=RunTimeoutError,
+                               graph=faults.nap_graph(4, 30.0), timeout_s=2,
+                               after=faults.next_run_check, workers=2, **memory)
+    check(result)
+    assert datavine.RunConfig().memory is not None
+
+
+def test_busy_port_is_one_line_naming_it() -> None:
+    check(faults.busy_port())
+
+
+@pytest.mark.parametrize("kind", ["missing", "corrupt"])
+def test_bad_input_file_is_named_and_not_retried(kind: str, tmp_path: Path) -> None:
+    result = faults.bad_file(kind, tmp_path)
+    check(result)
+    assert "not retried" in result.outcome
+
+
+@pytest.mark.xcache
+def test_shard_stopped_mid_run(xcache_testbed: Any) -> None:
+    from tests.fixtures_xcache import N_EVENTS, xcache_lfns
+
+    lfns = xcache_lfns()
+    try:
+        result = faults.shard_stopped(xcache_testbed, lfns, N_EVENTS * len(lfns))
+    finally:
+        for index in range(len(xcache_testbed.shards)):
+            xcache_testbed.start_shard(index)
+    check(result)
+    assert "failovers" in result.outcome and "FAILED" not in result.outcome
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
+                         ids=["SIGTERM", "SIGHUP", "SIGKILL"])
+def test_signalled_script_leaves_nothing(sig: int) -> None:
+    result = faults.client_signal(f"script {sig}", sig, faults.cluster_client_command(), 3)
+    check(result)
+
+
+@pytest.mark.xcache
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_signalled_datavine_run_leaves_nothing(sig: int, tmp_path_factory: Any) -> None:
+    from tests.fixtures_xcache import xcache_missing
+
+    if xcache_missing():
+        pytest.skip(xcache_missing())
+    data = Path(__file__).resolve().parents[1] / "runs" / "faults-data"
+    result = faults.client_signal(f"datavine run {sig}", sig, faults.datavine_run_command(data), 6)
+    check(result, bound_s=60)
