@@ -1,0 +1,168 @@
+"""Fast tests of the fault-handling pieces: TaskVine's timeouts from the worker bound, the
+transactions-log parser, sessions, the reaper, SIGTERM/SIGHUP, task time limits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from datavine import reaper as reaper_mod
+from datavine.memcap import run_capped
+from datavine.remote import TaskTimeLimitExceeded, time_limit
+from datavine.runtime import check_port_free, requeued_task, silence_tunes
+from datavine.sessions import kill_session, session_pids, stop_session
+from datavine.signals import Terminated, terminate_gracefully
+
+
+def test_silence_tunes_bound_detection_by_the_worker_timeout() -> None:
+    for bound in (3, 15, 60, 600):
+        tunes = silence_tunes(bound)
+        assert tunes["keepalive-interval"] + tunes["keepalive-timeout"] <= bound
+        assert tunes["long-timeout"] <= max(2, bound / 3)
+        assert all(v >= 1 for v in tunes.values())
+
+
+def test_requeued_task_reads_only_new_attempts() -> None:
+    line = b'1795450516751989 19610 TASK 9 READY default FIRST_RESOURCES 2 {"cores":[1,"cores"]}'
+    assert requeued_task(line) == 9
+    assert requeued_task(line.replace(b" 2 {", b" 1 {")) is None
+    assert requeued_task(b"1795450516751906 19610 WORKER w-1 DISCONNECTION FAILURE") is None
+    assert requeued_task(b"1 2 TASK 3 RUNNING worker-x FIRST_RESOURCES {}") is None
+    assert requeued_task(b"garbage") is None
+
+
+def test_busy_port_is_named() -> None:
+    import socket
+
+    from datavine.errors import ManagerStartError
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ManagerStartError, match=f"port {port}"):
+            check_port_free(port)
+    check_port_free(0)
+
+
+def test_sessions_find_descendants_in_other_groups_and_orphans() -> None:
+    """Like a vine_worker: a leader whose child moves to its own process group, and is
+    orphaned when the leader dies; both are found by session and stopped."""
+    script = ("import os, time\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    os.setpgid(0, 0); time.sleep(300)\n"
+              "print(pid, flush=True); time.sleep(300)\n")
+    leader = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert leader.stdout is not None
+        child = int(leader.stdout.readline())
+        assert set(session_pids(leader.pid)) == {leader.pid, child}
+        os.kill(leader.pid, signal.SIGKILL)  # the child is orphaned, in its own group
+        leader.wait(timeout=10)
+        assert session_pids(leader.pid) == [child]
+        assert kill_session(leader.pid) == 1
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+        assert stop_session(leader.pid) == 0  # nothing left
+    finally:
+        kill_session(leader.pid)
+
+
+def test_reaper_registrations() -> None:
+    sessions: set[int] = set()
+    paths: set[str] = set()
+    for line in ["+s 10", "+s 11", "-s 10", "+p /tmp/a b", "+p /tmp/c", "-p /tmp/c", "+s x", ""]:
+        reaper_mod.apply(line, sessions, paths)
+    assert sessions == {11} and paths == {"/tmp/a b"}
+
+
+def test_reaper_cleans_up_after_a_killed_client(tmp_path: Path) -> None:
+    """A client registers a process session and a directory, then dies by SIGKILL: the
+    reaper stops the session and removes the directory."""
+    target = tmp_path / "run-dir"
+    script = (
+        "import subprocess, sys, time\n"
+        "from datavine.reaper import reaper\n"
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        "import os; os.mkdir(sys.argv[1])\n"
+        "reaper().add_session(p.pid); reaper().add_path(sys.argv[1])\n"
+        "print(p.pid, flush=True); time.sleep(300)\n")
+    client = subprocess.Popen([sys.executable, "-c", script, str(target)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout is not None
+        sleeper = int(client.stdout.readline())
+        assert target.is_dir()
+        client.kill()
+        client.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while (_alive(sleeper) or target.exists()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(sleeper)
+        assert not target.exists()
+    finally:
+        client.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_raises_terminated_and_restores_the_handler() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as info, terminate_gracefully():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # interrupted by the handler
+    assert info.value.exit_code == 128 + signal.SIGTERM
+    assert isinstance(info.value, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGTERM) == before
+    from datavine import signals
+
+    signals.handled()  # this test process must not die by the signal at exit
+
+
+def test_unhandled_terminated_dies_by_the_signal_after_cleanup(tmp_path: Path) -> None:
+    marker = tmp_path / "cleaned"
+    script = ("import os, signal, sys\n"
+              "from datavine.signals import terminate_gracefully\n"
+              "with terminate_gracefully():\n"
+              "    try:\n"
+              "        os.kill(os.getpid(), signal.SIGHUP)\n"
+              "        import time; time.sleep(5)\n"
+              "    finally:\n"
+              "        open(sys.argv[1], 'w').close()\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(marker)], capture_output=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGHUP
+    assert marker.exists()
+
+
+def test_time_limit_interrupts_python_code() -> None:
+    started = time.monotonic()
+    with pytest.raises(TaskTimeLimitExceeded), time_limit(0.2):
+        time.sleep(5)
+    assert time.monotonic() - started < 4
+    with time_limit(None):
+        pass
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_capped_call_past_its_time_limit_is_killed() -> None:
+    result = run_capped(time.sleep, (30,), cap_mb=None, time_limit_s=0.5)
+    assert result.timed_out and not result.ok
+    assert "time limit" in str(result.error)
+    assert result.wall_s < 20
