@@ -93,6 +93,8 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
                        help="run bundles in the library process itself, uncapped")
     where.add_argument("--timeout", type=cli_types.seconds, default=None, metavar="S",
                        help="fail when the analysis takes longer than S seconds")
+    where.add_argument("--task-time-limit", type=cli_types.seconds, default=None, metavar="S",
+                       help="stop a task that runs longer than S seconds (retried once)")
     out = run.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="write a JSON record of the run")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -319,6 +321,8 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
                       shardmap=shardmap)
     if args.no_memory_caps:
         run = run.replace(memory=None)
+    if args.task_time_limit is not None:
+        run = run.replace(task_time_limit_s=args.task_time_limit)
     if facility is not None:
         if args.port or args.password is not None:
             raise RunError(f"--port and --password do not go with --facility: set them in "

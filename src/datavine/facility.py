@@ -127,12 +127,13 @@ def _build(cls: Callable[..., Any], values: dict[str, Any], path: Path, section:
 # ----------------------------------------------------------------------------------------------
 MANAGER_KEYS: dict[str, Kind] = {"host": _str, "workers_timeout_s": _float, "port": _int,
                                  "password_file": _path, "ssl_key": _path, "ssl_cert": _path,
-                                 "run_dir": _path, "name": _str}
+                                 "run_dir": _path, "name": _str, "worker_timeout_s": _float}
 RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "timeout_s": _float, "max_bundle_tasks": _int,
                              "target_bundle_s": _float, "bundles_per_slot": _int,
                              "wait_s": _float, "progress": _bool, "preload": _str_list,
-                             "pickle_by_value": _str_list, "max_library_failures": _int}
+                             "pickle_by_value": _str_list, "max_library_failures": _int,
+                             "time_limits": _float_map, "task_time_limit_s": _float}
 XCACHE_KEYS: dict[str, Kind] = {"origin": _str, "export_root": _path, "shards": lambda v, w: v}
 SHARD_KEYS: dict[str, Kind] = {"url": _str, "rack": _str, "name": _str, "weight": _float}
 MEMORY_KEYS: dict[str, Kind] = {"enabled": _bool, "default_mb": _float, "ceiling_mb": _float,
