@@ -8,7 +8,8 @@ transfer server keeps the manager's connection) and with its whole session, a fr
 (SIGSTOP), its library and its capped child SIGKILLed, an XCache shard stopped mid-run, a
 runaway task under a time limit, a run that times out (is the cluster usable at once?), a
 busy port, a missing and a corrupt input file, and a client (``datavine run`` on the loopback
-XCache, a script holding a LocalCluster) sent SIGTERM, SIGHUP and SIGKILL. Prints a table
+XCache, a script holding a LocalCluster) sent SIGTERM, SIGHUP and SIGKILL, and a worker's
+job removed from the personal HTCondor pool (``condor_rm``, as a preemption). Prints a table
 (fault, recovered, seconds, seconds over the baseline, processes and files left, outcome)
 and last one line ``faults=N recovered=N leftovers=N max_recover_s=S``: ``max_recover_s`` is
 the largest time a fault added to the run (for a signalled client: its time to exit).
@@ -62,7 +63,31 @@ def scenarios(data: Path, scratch: Path) -> dict[str, Callable[[], FaultResult]]
             "LocalCluster script SIGHUP", signal.SIGHUP, faults.cluster_client_command(), 3),
         "datavine run SIGKILL": lambda: faults.client_signal(
             "datavine run SIGKILL", signal.SIGKILL, run_cmd, 6),
+        "HTCondor worker job removed": lambda: condor_scenario(scratch),
     }
+
+
+def condor_scenario(scratch: Path) -> FaultResult:
+    """On the personal HTCondor pool (started for the scenario when it is not running)."""
+    import secrets
+    import subprocess
+
+    from datavine.pools.condor import pool_missing, scripts_dir
+
+    started = False
+    if pool_missing():
+        subprocess.run(["bash", str(scripts_dir() / "start_pool.sh")], check=True,
+                       timeout=180, capture_output=True)
+        started = True
+    password = scratch / "condor.password"
+    password.write_text(secrets.token_hex(32))
+    password.chmod(0o600)
+    try:
+        return faults.condor_worker_removed(password)
+    finally:
+        if started:
+            subprocess.run(["bash", str(scripts_dir() / "stop_pool.sh")], timeout=180,
+                           capture_output=True)
 
 
 def shard_scenario(scratch: Path) -> FaultResult:

@@ -19,6 +19,7 @@ from datavine import faults
 from datavine.errors import RunTimeoutError, TaskTimeLimitError
 from datavine.faults import FaultResult
 
+pytest_plugins = ["tests.fixtures_condor"]
 pytestmark = [pytest.mark.taskvine, pytest.mark.faults]
 
 BASE_S = 30.0  # the workload takes ~3 s here; anything near this bound is a hang
@@ -123,4 +124,15 @@ def test_signalled_datavine_run_leaves_nothing(sig: int, tmp_path_factory: Any) 
         pytest.skip(xcache_missing())
     data = Path(__file__).resolve().parents[1] / "runs" / "faults-data"
     result = faults.client_signal(f"datavine run {sig}", sig, faults.datavine_run_command(data), 6)
+    check(result, bound_s=60)
+
+
+@pytest.mark.condor
+def test_condor_worker_job_removed_mid_run(condor_pool: None, tmp_path: Path) -> None:
+    import secrets
+
+    password = tmp_path / "vine.password"
+    password.write_text(secrets.token_hex(32))
+    password.chmod(0o600)
+    result = faults.condor_worker_removed(password)
     check(result, bound_s=60)

@@ -413,3 +413,54 @@ def _client(workers: int) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["client"]:
     _client(int(sys.argv[2]))
+
+
+def condor_worker_removed(password_file: Path, pool_dir: Path | None = None) -> FaultResult:
+    """Three workers as HTCondor jobs (vine_factory, the personal pool); one job is removed
+    with ``condor_rm`` mid-run, as a preempted batch slot would be. Recovered: the right
+    total, and no job of the pool left once it is stopped."""
+    import datavine
+    from datavine.pools import CondorPool, FactoryConfig
+    from datavine.pools.condor import condor_exec
+    from datavine.pools.state import default_pool_dir
+
+    name = f"faults-{os.getpid()}"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cfg = FactoryConfig("127.0.0.1", port, workers=3, min_workers=3, password_file=password_file,
+                        idle_timeout_s=120, factory_period_s=1)
+    pool = CondorPool(cfg, name=name, pool_dir=pool_dir or default_pool_dir())
+    constraint = pool.constraint
+    dsk, total = nap_graph()
+    ok, outcome, seconds = False, "", 0.0
+    with private_tmp() as tmp:
+        manager = datavine.ManagerConfig(port=port, password_file=password_file,
+                                         run_dir=tmp / "manager")
+
+        def remove_one(cluster: Any) -> None:
+            jobs = condor_exec("condor_q", "-allusers", "-constraint", constraint, "-af",
+                               "ClusterId", "ProcId").stdout.split("\n")
+            cluster_id, proc_id = jobs[0].split()
+            condor_exec("condor_rm", f"{cluster_id}.{proc_id}")
+
+        try:
+            with pool, datavine.Cluster(manager, datavine.RunConfig(no_worker_timeout_s=60,
+                                                                    timeout_s=240),
+                                        min_workers=3, connect_timeout_s=120) as cluster:
+                threading.Timer(FAULT_AT_S, remove_one, (cluster,)).start()
+                t0 = time.monotonic()
+                (value,) = cluster.get(dsk, ["total"])
+                seconds = time.monotonic() - t0
+                ok = value == total
+                outcome = (f"result {'correct' if ok else 'WRONG'}; "
+                           f"{cluster.last_summary.retries} retries")
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        left = condor_exec("condor_q", "-allusers", "-constraint", constraint, "-af",
+                           "ClusterId").stdout.split()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return FaultResult("HTCondor worker job removed", ok and not left, seconds, outcome,
+                       len(left), 0)
