@@ -10,7 +10,8 @@
 # 2. pytest in .venv: the whole suite. The condor tests start the personal HTCondor pool
 #    themselves (tests/fixtures_condor.py) and stop it again at the end of the session.
 # 3. pytest in .venv-legacy: the tests that matter for classic dict graphs
-#    (test_runtime, test_graph, test_dask_awkward, test_auth).
+#    (test_runtime, test_graph, test_dask_awkward, test_auth, and test_coffea_shards for
+#    coffea's dask path through the XCache shards).
 # Both runs always happen; the exit code is non-zero if either failed.
 # Each pytest run is bounded (a hung test must not hold CI for hours): after
 # DATAVINE_TEST_TIMEOUT seconds (default 1200 for .venv, 600 for .venv-legacy) it gets
@@ -21,7 +22,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 log() { echo "test.sh: $*" >&2; }
 LEGACY_TESTS=(tests/test_runtime.py tests/test_graph.py tests/test_dask_awkward.py
-  tests/test_auth.py)
+  tests/test_auth.py tests/test_coffea_shards.py)
 t0=$(date +%s)
 
 if [ "${DATAVINE_TEST_SETUP:-1}" != 0 ]; then
