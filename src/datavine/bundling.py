@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from datavine.graph import TaskGraph
@@ -140,8 +140,10 @@ class Planner:
         return Bundle(next(self._ids), members, inputs, outputs, tuple(files))
 
     def _drop_stale(self) -> bool:
-        """Pop a ready entry already taken by another bundle's closure (lazy deletion)."""
-        if self._ready and self._ready[0][1] in self._scheduled:
+        """Pop a ready entry already taken by another bundle's closure, or waiting again for
+        a dependency that must be recomputed (:meth:`undo`): lazy deletion."""
+        if self._ready and (self._ready[0][1] in self._scheduled
+                            or self._missing[self._ready[0][1]] > 0):
             heapq.heappop(self._ready)
             return True
         return False
@@ -180,3 +182,28 @@ class Planner:
         for key in bundle.keys:
             if self._missing[key] == 0:
                 heapq.heappush(self._ready, (self.graph.priority[key], key))
+
+    def undo(self, lost: Iterable[Key], available: Callable[[Key], bool]) -> set[Key]:
+        """Done tasks whose values were lost (the worker holding them left) must run again,
+        with every done task they need whose value is gone too (consumed and dropped),
+        back to values still held or to the graph's sources. Returns the tasks undone; those
+        whose dependencies are all done and available are ready again."""
+        undone: set[Key] = set()
+        todo = [k for k in lost if k in self.done]
+        while todo:
+            key = todo.pop()
+            if key in undone:
+                continue
+            undone.add(key)
+            todo.extend(d for d in self.graph.dependencies[key]
+                        if d in self.done and d not in undone and not available(d))
+        self.done.difference_update(undone)
+        self._scheduled.difference_update(undone)
+        for key in undone:
+            self._missing[key] = sum(d not in self.done for d in self.graph.dependencies[key])
+            for dep in self.graph.dependents[key]:
+                if dep not in undone and dep not in self.done:
+                    self._missing[dep] += 1
+            if self._missing[key] == 0:
+                heapq.heappush(self._ready, (self.graph.priority[key], key))
+        return undone

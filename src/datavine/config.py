@@ -102,6 +102,12 @@ class RunConfig:
             bundle's child is killed even when the task is stuck in C code.
         task_time_limit_s: the limit of categories that ``time_limits`` does not name
             (``None``: none).
+        keep_on_workers: values that only other tasks consume stay on the worker that made
+            them (TaskVine temp files; :mod:`datavine.intermediates`); only the graph's
+            outputs and small values come back to the manager. ``False`` sends every
+            value through the manager (for comparison).
+        inline_max_bytes: a kept value of at most this size also comes back inline, where
+            that is cheaper than a file.
     """
 
     max_retries: int = 3
@@ -120,6 +126,8 @@ class RunConfig:
     max_library_failures: int = 3
     time_limits: Mapping[str, float] = field(default_factory=dict)
     task_time_limit_s: float | None = None
+    keep_on_workers: bool = True
+    inline_max_bytes: int = 64 * 1024
 
     def time_limit(self, category: str) -> float | None:
         """The time limit of a task of ``category``, or None."""

@@ -32,6 +32,7 @@ from datavine.errors import (
     TaskTimeLimitError,
 )
 from datavine.inputs import task_files
+from datavine.intermediates import Intermediates, Plan
 from datavine.memory import GiveUp
 from datavine.placement import Placement, TaskInputs, Tier, decide, placement_off_reason
 from datavine.progress import RunProgress
@@ -55,6 +56,7 @@ class Inflight:
     target: Target
     category: str
     cap_mb: float | None
+    plan: Plan
     dispatched: bool = False  # seen running at a refresh
 
 
@@ -69,7 +71,8 @@ class GraphRun:
         self.files = {k: task_files(n) for k, n in graph.nodes.items()}
         self.planner = Planner(graph, files=self.files.__getitem__, costs=rt.costs,
                                target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks)
-        self.values: dict[Key, Any] = {}
+        self.values: dict[Key, Any] = {}  # values at the manager: outputs, small ones
+        self.kept = Intermediates(rt.declare_temp, rt.undeclare)  # values left on workers
         self.consumers = {k: set(d) for k, d in graph.dependents.items()}
         self.inflight: dict[int, Inflight] = {}
         self.held: list[tuple[Bundle, float]] = []
@@ -82,6 +85,7 @@ class GraphRun:
         self.summary = RunSummary()
         self.progress = RunProgress(len(graph), enabled=cfg.progress)
         self.start = time.monotonic()
+        self.bytes_at_start = rt.file_bytes()
 
     # --- the loop ------------------------------------------------------------------------
     def execute(self) -> dict[Key, Any]:
@@ -113,6 +117,12 @@ class GraphRun:
                             f"{len(self.planner.done)} tasks done")
         finally:
             self._cancel_inflight()
+            self.kept.clear()
+            traffic = self.summary.traffic
+            traffic.manager_out, traffic.manager_in = (
+                now - then for now, then in zip(self.rt.file_bytes(), self.bytes_at_start,
+                                                strict=True))
+            traffic.kept, traffic.peer = self.kept.kept_bytes, self.kept.peer_bytes
             self.summary.wall_s = time.monotonic() - self.start
             self.summary.workers = self.rt.connected_workers()
             if self.rt.memory is not None:
@@ -133,6 +143,8 @@ class GraphRun:
                                      self.rt.connected_cores()))
         gone, lost_addr = self.rt.drop_lost_workers()
         self.summary.lost_workers.extend(sorted(gone | lost_addr))
+        if lost_addr:
+            self._recover(self.kept.lost_on(lost_addr))
         # Calls whose worker or library died under them: TaskVine's log shows those it put
         # back with a new attempt; a call seen running that is waiting again was put back
         # without one (its library died: "forsaken").
@@ -230,10 +242,16 @@ class GraphRun:
             cap_mb = max(retried) if retried else memory.cap_for(category)
         limits = {k: limit for k, c in categories.items()
                   if (limit := self.cfg.time_limit(c)) is not None}
+        keep = [k for k in bundle.outputs if k not in self.graph.outputs] if (
+            self.cfg.keep_on_workers) else []
+        plan = self.kept.plan(keep, bundle.inputs)
         spec = {
             "nodes": [(k, self.graph.nodes[k]) for k in bundle.keys],
-            "inputs": {k: self.values[k] for k in bundle.inputs},
+            "inputs": {k: self.values[k] for k in bundle.inputs if k not in plan.fetch},
+            "input_files": plan.fetch,
             "outputs": sorted(bundle.outputs, key=self.graph.priority.__getitem__),
+            "store": plan.store,
+            "inline_max": self.cfg.inline_max_bytes,
             "categories": categories,
             "shardmap": self.cfg.shardmap,
             "limits": limits,
@@ -242,10 +260,14 @@ class GraphRun:
                                          self.rt.dumps(spec), cap_mb, self.preload,
                                          sum(limits.values()) if limits else None)
         call.set_cores(1)
+        for key, name in plan.fetch.items():
+            call.add_input(self.kept.held[key].file, name)
+        for key, name in plan.store.items():
+            call.add_output(plan.declared[key], name)
         for feature in target.features():
             call.add_feature(feature)
         task_id = self.m.submit(call)
-        self.inflight[task_id] = Inflight(bundle, call, target, category, cap_mb)
+        self.inflight[task_id] = Inflight(bundle, call, target, category, cap_mb, plan)
         self.rt.topology.sent(target)
         self.summary.bundles += 1
         if bundle.files:
@@ -253,17 +275,21 @@ class GraphRun:
                                    else "anywhere"] += 1
 
     # --- results -------------------------------------------------------------------------
-    def _forget(self, task_id: int) -> Inflight | None:
+    def _forget(self, task_id: int, *, succeeded: bool = False) -> Inflight | None:
         entry = self.inflight.pop(task_id, None)
         if entry is not None:
             self.rt.topology.returned(entry.target)
+            if not succeeded:
+                self.kept.failed(entry.plan)  # its outputs will never be there
         return entry
 
     def _handle(self, task: Any) -> None:
-        entry = self._forget(task.id)
+        result = self.inflight[task.id].call.output if (
+            task.id in self.inflight and task.successful()) else None
+        ok = isinstance(result, dict) and result.get("status") == remote.STATUS_OK
+        entry = self._forget(task.id, succeeded=ok)
         if entry is None:
             return  # a call cancelled earlier
-        result = entry.call.output if task.successful() else None
         if not isinstance(result, dict):  # the library or its worker died under the call
             self._retry(entry.bundle, self._failure_reason(task, result), anywhere=True)
             return
@@ -277,6 +303,9 @@ class GraphRun:
             self._input_failed(entry, result, where)
         elif status == remote.STATUS_TIME:
             self._over_time(entry, result, where)
+        elif status == remote.STATUS_LOST:
+            self._retry(entry.bundle, f"an input kept on a worker was lost: "
+                        f"{result.get('message')}", anywhere=True)
         elif status == remote.STATUS_LOAD:
             raise TaskLoadError(
                 f"worker {where} could not load tasks {_shown(entry.bundle.keys)}: "
@@ -290,12 +319,16 @@ class GraphRun:
         bundle = entry.bundle
         for key, blob in result["values"].items():
             self.values[key] = cloudpickle.loads(blob)
+        addrport = getattr(task, "addrport", None)
+        self.kept.fetched(entry.plan, addrport)
+        self.kept.made(entry.plan, result.get("stored", {}), result["values"], addrport)
         for key in bundle.keys:
             for dep in self.graph.dependencies[key]:
                 users = self.consumers[dep]
                 users.discard(key)
                 if not users and dep not in self.graph.outputs:
                     self.values.pop(dep, None)
+                    self.kept.consumed(dep)
         self.planner.complete(bundle)
         peak = float(result.get("peak_mb") or 0.0)
         worker = self._note_worker(result, task, bundle)
@@ -369,6 +402,27 @@ class GraphRun:
             f"tasks {_shown(entry.bundle.keys)} on {where}: {error}")
         self._retry(entry.bundle, f"input server failed during a read ({error})")
 
+    def _recover(self, lost: list[Key]) -> None:
+        """Values kept on a worker that left are gone: run their producers again (and what
+        those need whose values are gone too); calls waiting to fetch them are withdrawn
+        and planned again once the values exist."""
+        if not lost:
+            return
+        undone = self.planner.undo(lost, self._available)
+        lost_set = set(lost)
+        for task_id, entry in list(self.inflight.items()):
+            if lost_set & entry.plan.fetch.keys() and entry.call.state == TASK_READY:
+                self.m.cancel_by_task_id(task_id)
+                self._forget(task_id)
+                self.planner.requeue(entry.bundle)  # ready again once its inputs are
+        self.summary.recomputed += len(undone)
+        self.summary.failures.append(
+            f"{len(lost)} values kept on lost workers: {len(undone)} tasks run again "
+            f"({_shown(sorted(undone, key=self.graph.priority.__getitem__))})")
+
+    def _available(self, key: Key) -> bool:
+        return key in self.values or key in self.kept.held
+
     def _over_time(self, entry: Inflight, result: dict[str, Any], where: str) -> None:
         """A task ran past its time limit and was stopped: once more elsewhere (a stalled
         read may not stall twice), then the run fails naming it."""
@@ -431,10 +485,11 @@ class GraphRun:
                 self.m.cancel_by_task_id(task_id)
             else:
                 running.append(task_id)
-            self._forget(task_id)
         if running:
             self.summary.abandoned = len(running)
             self.rt.restart_library(tuple(running))
+        for task_id in list(self.inflight):
+            self._forget(task_id)  # after the calls are gone: their temps are undeclared
 
 
 def _shown(keys: list[Key]) -> str:

@@ -38,6 +38,7 @@ STATUS_MEMORY = "memory"
 STATUS_LOAD = "load"  # the bundle could not be unpickled here (a module missing, mostly)
 STATUS_INPUT = "input"  # an OSError while a file read through a shard was open: retry elsewhere
 STATUS_TIME = "time"  # a task ran past its time limit and was stopped
+STATUS_LOST = "lost"  # an input another bundle left on a worker did not arrive
 DIRECT_SERVERS = ("local", "direct", "origin")
 HARD_LIMIT_GRACE_S = 5.0  # a bundle's child is killed this long after its tasks' limits
 
@@ -68,7 +69,7 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
     _preload(preload)
     if cap_mb:
         hard = None if limit_s is None else limit_s + HARD_LIMIT_GRACE_S
-        capped = _capped_child().run(execute_payload, (payload,), cap_mb=cap_mb,
+        capped = _capped_child().run(execute_payload, (payload, os.getcwd()), cap_mb=cap_mb,
                                      time_limit_s=hard)
         if capped.exceeded:
             result = _result(STATUS_MEMORY, message=f"exceeded its memory cap of {cap_mb:.0f} MB")
@@ -99,8 +100,11 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
     return _stamp(result, started)
 
 
-def execute_payload(payload: bytes) -> dict[str, Any]:
-    """Unpickle a bundle's spec and execute it (see :func:`run_bundle`)."""
+def execute_payload(payload: bytes, cwd: str | None = None) -> dict[str, Any]:
+    """Unpickle a bundle's spec and execute it (see :func:`run_bundle`). ``cwd``: the call's
+    sandbox, where its input and output files are (the capped child lives across calls)."""
+    if cwd is not None:
+        os.chdir(cwd)
     try:
         spec = cloudpickle.loads(payload)
     except BaseException as exc:
@@ -152,8 +156,21 @@ def _learn_shard_failures(reads: Any) -> None:
 
 
 def execute_bundle(spec: dict[str, Any]) -> dict[str, Any]:
-    """Execute the nodes in order; keep intermediates only until their last in-bundle use."""
+    """Execute the nodes in order; keep intermediates only until their last in-bundle use.
+
+    Inputs come inline (``spec["inputs"]``) or as files that TaskVine put in the call's
+    sandbox (``spec["input_files"]``: key -> file name: values other bundles left on their
+    workers). Outputs named in ``spec["store"]`` are written to files there, which TaskVine
+    keeps on this worker for the bundles that need them; those of at most
+    ``spec["inline_max"]`` bytes also come back inline. Other outputs come back inline."""
     values: dict[Any, Any] = dict(spec["inputs"])
+    for key, name in spec.get("input_files", {}).items():
+        try:
+            with open(name, "rb") as f:
+                values[key] = cloudpickle.load(f)
+        except (OSError, EOFError) as exc:  # TaskVine lost or did not deliver it
+            return _result(STATUS_LOST, key=key, message=f"input {name} of {key!r} could not "
+                           f"be read: {exc!r}")
     nodes = spec["nodes"]
     outputs = set(spec["outputs"])
     categories = spec.get("categories", {})
@@ -165,6 +182,9 @@ def execute_bundle(spec: dict[str, Any]) -> dict[str, Any]:
     timing: dict[str, list[float]] = {}
     with reading(spec.get("shardmap")) as ctx:
         result = _execute(nodes, values, outputs, categories, uses, timing, limits)
+        if result["status"] == STATUS_OK:
+            result = _pack(values, outputs, spec.get("store", {}), spec.get("inline_max", 0),
+                           timing)
         result["reads"] = [dataclasses.asdict(r) for r in ctx.records()]
         shards = [opened[2] for opened in ctx.opened if opened[2] not in DIRECT_SERVERS]
     if result["status"] == STATUS_ERROR and result.get("os_error") and shards:
@@ -197,13 +217,28 @@ def _execute(nodes: list[tuple[Any, Any]], values: dict[Any, Any], outputs: set[
             uses[dep] -= 1
             if uses[dep] == 0 and dep not in outputs:
                 values.pop(dep, None)
+    return _result(STATUS_OK)
+
+
+def _pack(values: dict[Any, Any], outputs: set[Any], store: dict[Any, str], inline_max: int,
+          timing: dict[str, list[float]]) -> dict[str, Any]:
+    """The bundle's outputs: files for ``store`` (sizes in ``stored``), inline otherwise or
+    when small."""
     out: dict[Any, bytes] = {}
+    stored: dict[Any, int] = {}
     for key in outputs:
         try:
-            out[key] = cloudpickle.dumps(values[key])
+            blob = cloudpickle.dumps(values[key])
         except Exception as exc:
             return _error_result(key, TypeError(f"result of {key!r} cannot be serialised: {exc}"))
-    return _result(STATUS_OK, values=out, timing=timing)
+        name = store.get(key)
+        if name is not None:
+            with open(name, "wb") as f:
+                f.write(blob)
+            stored[key] = len(blob)
+        if name is None or len(blob) <= inline_max:
+            out[key] = blob
+    return _result(STATUS_OK, values=out, stored=stored, timing=timing)
 
 
 @contextlib.contextmanager

@@ -294,6 +294,20 @@ class Runtime:
             f"no worker received the environment tarball within {limit:.0f} s "
             f"({self.connected_workers()} workers connected to port {self.port})")
 
+    def declare_temp(self) -> Any:
+        """A TaskVine temp file: made by a call, kept in its worker's cache."""
+        return self._m.declare_temp()
+
+    def undeclare(self, file: Any) -> None:
+        """Forget a file: workers delete their replicas."""
+        self._m.undeclare_file(file)
+
+    def file_bytes(self) -> tuple[int, int]:
+        """File bytes the manager sent and received so far (call arguments and results
+        included: function calls travel as files)."""
+        stats = self._m.stats
+        return int(stats.bytes_sent), int(stats.bytes_received)
+
     def restart_library(self, calls: tuple[int, ...] = ()) -> None:
         """Stop every instance of the library, with the calls running in them (``calls``:
         their task ids), and have the next run install a fresh one (warmed up again where
@@ -341,7 +355,9 @@ class Runtime:
             gone |= {w.id for w in self.topology.workers.values()
                      if w.named and w.id.startswith("local-") and w.id not in alive}
             for wid in gone:
-                del self.topology.workers[wid]
+                addrport = self.topology.workers.pop(wid).addrport
+                if addrport:
+                    lost_addr.add(addrport)
         if now - self._last_status >= STATUS_EVERY_S:
             self._last_status = now
             try:
@@ -351,7 +367,7 @@ class Runtime:
             if isinstance(workers, list):
                 alive_addr = {a for w in workers if isinstance(w, dict)
                               if (a := w.get("addrport"))}
-                lost_addr = self._addrports - alive_addr
+                lost_addr |= self._addrports - alive_addr
                 self._addrports = alive_addr
                 gone |= set(self.topology.forget_missing(alive_addr))
         return gone, lost_addr

@@ -41,6 +41,22 @@ class ReadStats:
 
 
 @dataclass
+class Traffic:
+    """Bytes of values and calls: through the manager (its file bytes out and in: call
+    arguments, results, inline values), made and kept on workers, and fetched by a call on
+    another worker than the one holding them (peer to peer)."""
+
+    manager_out: int = 0
+    manager_in: int = 0
+    kept: int = 0
+    peer: int = 0
+
+    @property
+    def manager(self) -> int:
+        return self.manager_out + self.manager_in
+
+
+@dataclass
 class RunSummary:
     """Figures for one ``get`` call.
 
@@ -49,7 +65,8 @@ class RunSummary:
     ``failures``: why each retry or overrun happened, in order; ``lost_workers``: workers
     (names or addresses) that left or were declared lost during the run; ``timeouts``: tasks
     stopped at their time limit; ``abandoned``: calls still running when the run ended (it
-    failed), stopped by restarting the library.
+    failed), stopped by restarting the library; ``recomputed``: tasks run again because
+    values kept on a lost worker were needed; ``traffic``: where the values' bytes went.
     """
 
     tasks: int = 0
@@ -59,6 +76,8 @@ class RunSummary:
     lost_workers: list[str] = field(default_factory=list)
     timeouts: int = 0
     abandoned: int = 0
+    recomputed: int = 0
+    traffic: Traffic = field(default_factory=Traffic)
     wall_s: float = 0.0
     workers: int = 0
     categories: dict[str, CategoryStats] = field(default_factory=lambda: defaultdict(CategoryStats))
@@ -99,6 +118,8 @@ class RunSummary:
             "tasks": self.tasks, "bundles": self.bundles, "retries": self.retries,
             "failures": list(self.failures), "lost_workers": list(self.lost_workers),
             "timeouts": self.timeouts, "abandoned": self.abandoned,
+            "recomputed": self.recomputed,
+            "traffic": asdict(self.traffic),
             "wall_s": self.wall_s, "workers": self.workers,
             "tasks_per_s": self.tasks_per_s,
             "categories": {k: asdict(v) for k, v in self.categories.items()},
@@ -134,6 +155,11 @@ class RunSummary:
                        f"{r.far_bytes / mb:,.1f} MB far ({r.near_fraction:.1%} near), "
                        f"{r.failovers} failovers")
             out.extend(f"    failover: {e}" for e in r.failover_errors[:5])
+        t = self.traffic
+        if t.kept or t.manager:
+            mb = 2**20
+            out.append(f"  data: {t.manager / mb:,.1f} MB through the manager, {t.kept / mb:,.1f} "
+                       f"MB kept on workers, {t.peer / mb:,.1f} MB worker to worker")
         if self.lost_workers:
             out.append(f"  lost workers: {', '.join(self.lost_workers[:8])}"
                        + (f" ({len(self.lost_workers)} in all)" if len(self.lost_workers) > 8

@@ -1,0 +1,201 @@
+"""Where the intermediate bytes go: through the manager, or worker to worker.
+
+    .venv/bin/python benchmarks/traffic.py [--workers 2] [--repeat 2]
+        [--peers datavine inline daskvine distributed]
+
+Two graphs whose intermediates are large, on ``--workers`` local 1-core workers:
+
+- ``tree``: 32 tasks each making a 16 MiB numpy array, merged 4 at a time (537 MB of
+  intermediates, a 16 MiB result);
+- ``agc``: the AGC-style selection over 32 chunks of generated ZSTD NanoAOD-like files
+  (``runs/data-traffic``, made once), each chunk also filling a histogram of 640 systematic
+  variations x 3,200 bins (16 MiB, as analyses with many systematics carry), merged 4 at a
+  time.
+
+Peers: datavine (values kept on workers), datavine with every value through the manager
+(``RunConfig(keep_on_workers=False)``, "inline"), cctools' DaskVine function-calls with
+``worker_transfers=True``, and distributed. For each: seconds, tasks/s (events/s for agc),
+the manager's file bytes out + in (TaskVine's counters; distributed keeps values on its
+workers by design and is not counted), the final output's bytes. Each peer runs
+``--repeat`` times; the fastest run counts. Last line: ``manager_bytes_ratio`` (datavine's
+manager bytes / final output bytes, tree), ``throughput_ratio`` (datavine / inline, tree and
+agc), ``ratio_vs_daskvine`` (datavine / DaskVine, tree and agc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import common
+
+from datavine.graph import add_merge_tree
+
+VARIATIONS, BINS = 640, 3200  # 16 MiB of float64 per chunk
+
+
+# --- the graphs (functions travel by value: this is __main__) -------------------------------
+def make_array(i: int) -> Any:
+    import numpy as np
+
+    return np.full(2 * 1024 * 1024, float(i))  # 16 MiB
+
+
+def add(*parts: Any) -> Any:
+    return sum(parts[1:], parts[0])
+
+
+def chunk_with_systematics(path: str, start: int, stop: int) -> tuple[Any, Any]:
+    """The AGC chunk result and a 16 MiB histogram of variations (scaled nominal shape)."""
+    import numpy as np
+
+    from datavine.analysis.agc import process_chunk
+
+    result = process_chunk(path, start, stop)
+    shape = np.interp(np.linspace(0, len(result.counts) - 1, BINS),
+                      np.arange(len(result.counts)), result.counts.astype(float))
+    scale = 1.0 + 0.01 * np.arange(VARIATIONS)[:, None]
+    return result, scale * shape[None, :]
+
+
+def merge_systematics(*parts: tuple[Any, Any]) -> tuple[Any, Any]:
+    result, hist = parts[0][0], parts[0][1].copy()
+    for r, h in parts[1:]:
+        result = result + r
+        hist += h
+    return result, hist
+
+
+def tree_graph() -> tuple[dict[Any, Any], Any, Callable[[Any], bool]]:
+    dsk: dict[Any, Any] = {("make", i): (make_array, i) for i in range(32)}
+    final = add_merge_tree(dsk, list(dsk), 4, key=lambda d, j: ("add", d, j),
+                           task=lambda keys: (add, *keys))
+    return dsk, final, lambda v: float(v[0]) == sum(range(32)) and v.nbytes == 16 * 2**20
+
+
+def agc_graph(chunks: list[Any], reference: Any) -> tuple[dict[Any, Any], Any,
+                                                          Callable[[Any], bool]]:
+    dsk: dict[Any, Any] = {("agc-chunk", i): (chunk_with_systematics, str(c.path), c.start,
+                                              c.stop) for i, c in enumerate(chunks)}
+    final = add_merge_tree(dsk, list(dsk), 4, key=lambda d, j: ("agc-merge", d, j),
+                           task=lambda keys: (merge_systematics, *keys))
+    return dsk, final, lambda v: v[0] == reference and v[1].shape == (VARIATIONS, BINS)
+
+
+# --- peers ---------------------------------------------------------------------------------
+@contextmanager
+def peer(name: str, workers: int) -> Iterator[tuple[Callable[..., Any], Callable[[], int]]]:
+    """(get, manager bytes so far) for one peer, its workers connected."""
+    if name in ("datavine", "inline"):
+        import datavine
+
+        run = datavine.RunConfig(keep_on_workers=name == "datavine", preload=("awkward",
+                                                                                "uproot"))
+        with datavine.LocalCluster(workers=workers, cores=1, run=run,
+                                   manager=datavine.ManagerConfig(
+                                       run_dir=common.run_dir(name))) as cluster:
+            yield cluster.get, lambda: sum(cluster.runtime.file_bytes())
+    elif name == "daskvine":
+        with common.daskvine(workers, 1) as manager:
+            def get(dsk: Any, keys: Any) -> Any:
+                return manager.get(dict(dsk), keys, task_mode="function-calls",
+                                   worker_transfers=True, progress_disable=True,
+                                   lib_resources={"cores": 1, "slots": 1})
+            yield get, lambda: int(manager.stats.bytes_sent) + int(manager.stats.bytes_received)
+    else:
+        with common.distributed_client(workers, 1) as client:
+            yield client.get, lambda: 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--peers", nargs="+", default=["datavine", "inline", "daskvine",
+                                                       "distributed"])
+    parser.add_argument("--data", type=Path, default=common.REPO / "runs" / "data-traffic")
+    args = parser.parse_args(argv)
+    common.setup()
+    from datavine.analysis.agc import make_chunks, run_plain_loop
+    from datavine.datagen import generate_dataset
+
+    files = generate_dataset(args.data, 8, 100_000, "zstd")
+    chunks = make_chunks(files, 25_000)
+    reference = run_plain_loop(chunks)
+    graphs = {"tree": tree_graph(), "agc": agc_graph(chunks, reference)}
+    units = {"tree": len(graphs["tree"][0]), "agc": 800_000}
+    print(common.machine_info())
+    rows: dict[tuple[str, str], tuple[common.PeerResult, int, int]] = {}
+    for name in args.peers:
+        with peer(name, args.workers) as (get, manager_bytes):
+            for graph_name, (dsk, final, check) in graphs.items():
+                best: tuple[common.PeerResult, int, int] | None = None
+                for _ in range(args.repeat):
+                    before = manager_bytes()
+                    out: list[Any] = []
+
+                    def run(out: list[Any] = out, dsk: Any = dsk, final: Any = final) -> Any:
+                        out.append(get(dsk, [final])[0])
+                        return out[0]
+
+                    result = common.measure(f"{name} {graph_name}", units[graph_name], run,
+                                            check)
+                    moved = manager_bytes() - before
+                    size = output_bytes(out[0]) if out else 0
+                    if best is None or (result.rate or 0) > (best[0].rate or 0):
+                        best = (result, moved, size)
+                assert best is not None
+                rows[(name, graph_name)] = best
+    print_table(rows)
+    print(common.kv_line(summary(rows)))
+    return 0
+
+
+def output_bytes(value: Any) -> int:
+    import cloudpickle
+
+    return len(cloudpickle.dumps(value))
+
+
+def print_table(rows: dict[tuple[str, str], tuple[common.PeerResult, int, int]]) -> None:
+    print("\n| graph | peer | seconds | rate | manager MB | output MB | manager / output | "
+          "correct |\n|---|---|---:|---:|---:|---:|---:|---|")
+    mb = 2**20
+    for (name, graph_name), (r, moved, size) in rows.items():
+        counted = moved if name != "distributed" else None
+        print(f"| {graph_name} | {name} | {r.seconds or 0:.2f} | {r.rate or 0:,.0f} | "
+              f"{f'{counted / mb:,.1f}' if counted is not None else 'n/a'} | {size / mb:.1f} | "
+              f"{f'{counted / size:.2f}' if counted is not None and size else 'n/a'} | "
+              f"{'yes' if r.ok else 'NO'} |")
+    print()
+
+
+def summary(rows: dict[tuple[str, str], tuple[common.PeerResult, int, int]]) -> dict[str, Any]:
+    def rate(name: str, graph: str) -> float | None:
+        row = rows.get((name, graph))
+        return row[0].rate if row else None
+
+    def bytes_ratio(graph: str) -> str:
+        row = rows.get(("datavine", graph))
+        return f"{row[1] / row[2]:.2f}" if row and row[2] else "nan"
+
+    return {
+        "manager_bytes_ratio": bytes_ratio("tree"),
+        "manager_bytes_ratio_agc": bytes_ratio("agc"),
+        "throughput_ratio": common.ratio(rate("datavine", "tree"), rate("inline", "tree")),
+        "throughput_ratio_agc": common.ratio(rate("datavine", "agc"), rate("inline", "agc")),
+        "ratio_vs_daskvine": common.ratio(rate("datavine", "tree"), rate("daskvine", "tree")),
+        "ratio_vs_daskvine_agc": common.ratio(rate("datavine", "agc"), rate("daskvine", "agc")),
+        "ratio_vs_distributed": common.ratio(rate("datavine", "tree"),
+                                             rate("distributed", "tree")),
+        "ratio_vs_distributed_agc": common.ratio(rate("datavine", "agc"),
+                                                 rate("distributed", "agc")),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Values kept on workers: the bookkeeping (fake TaskVine files), the planner's recovery of
+lost values, and the real path on vine_workers (a tree whose intermediates never reach the
+manager, and a worker killed while it holds some)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from datavine import graph as graphs
+from datavine.bundling import CostModel, Planner
+from datavine.intermediates import Intermediates
+
+
+class Files:
+    """Fake TaskVine temp files: which are declared."""
+
+    def __init__(self) -> None:
+        self.live: set[int] = set()
+        self.n = 0
+
+    def declare(self) -> int:
+        self.n += 1
+        self.live.add(self.n)
+        return self.n
+
+    def undeclare(self, f: int) -> None:
+        self.live.remove(f)  # undeclaring twice, or what was never declared, is a bug
+
+
+def test_kept_values_are_undeclared_when_consumed_inlined_or_failed() -> None:
+    files = Files()
+    kept = Intermediates(files.declare, files.undeclare)
+    plan = kept.plan(["a", "b", "c"], [])
+    assert len(files.live) == 3 and set(plan.store) == {"a", "b", "c"}
+    # "a" kept, "b" small enough to come back inline, "c" not written
+    kept.made(plan, stored={"a": 1000, "b": 10}, inline=["b"], worker="w1")
+    assert set(kept.held) == {"a"} and len(files.live) == 1
+    consumer = kept.plan([], ["a", "b"])
+    assert set(consumer.fetch) == {"a"}  # "b" travels inline
+    kept.fetched(consumer, "w2")
+    assert kept.peer_bytes == 1000 and kept.kept_bytes == 1000
+    kept.consumed("a")
+    assert not kept.held and not files.live
+    failed = kept.plan(["d"], [])
+    kept.failed(failed)
+    kept.failed(failed)  # idempotent
+    assert not files.live
+
+
+def test_values_on_a_lost_worker_are_forgotten() -> None:
+    files = Files()
+    kept = Intermediates(files.declare, files.undeclare)
+    for key, worker in (("a", "w1"), ("b", "w2"), ("c", "w1")):
+        kept.made(kept.plan([key], []), {key: 5}, [], worker)
+    assert sorted(kept.lost_on({"w1"})) == ["a", "c"]
+    assert set(kept.held) == {"b"} and len(files.live) == 1
+    kept.clear()
+    assert not files.live
+
+
+def _tree(n: int = 8) -> tuple[graphs.TaskGraph, Any]:
+    dsk: dict[Any, Any] = {("leaf", i): (int, i) for i in range(n)}
+    final = graphs.add_merge_tree(dsk, list(dsk), 2, key=lambda d, j: ("merge", d, j),
+                                  task=lambda keys: (sum, list(keys)))
+    return graphs.build(dsk, [final]), final
+
+
+def _run(planner: Planner, available: set[Any]) -> None:
+    """Complete every bundle the planner hands out (values become available)."""
+    while not planner.finished:
+        bundles = planner.next_bundles(4)
+        assert bundles, "the planner stalled"
+        for b in bundles:
+            planner.complete(b)
+            available.update(b.outputs)
+
+
+def test_undo_reruns_lost_values_and_what_they_need() -> None:
+    graph, final = _tree()
+    planner = Planner(graph, files=lambda k: (), costs=CostModel(), target_s=1.0, max_tasks=1)
+    available: set[Any] = set()
+    _run(planner, available)
+    # Level-1 merge ("merge", 1, 0) was lost, and the leaves/merges below it were consumed.
+    lost = ("merge", 1, 0)
+    available = {final}
+    undone = planner.undo([lost], available.__contains__)
+    assert lost in undone
+    assert {("merge", 0, 0), ("merge", 0, 1), ("leaf", 0), ("leaf", 3)} <= undone
+    assert ("merge", 1, 1) not in undone and final not in undone
+    ready = {k for b in planner.next_bundles(16) for k in b.keys}
+    assert ready == {k for k in undone if k[0] == "leaf"}  # merges wait for their inputs
+
+
+def test_undo_stops_at_values_still_held() -> None:
+    graph, _ = _tree()
+    planner = Planner(graph, files=lambda k: (), costs=CostModel(), target_s=1.0, max_tasks=1)
+    _run(planner, set())
+    undone = planner.undo([("merge", 1, 0)], lambda k: k in {("merge", 0, 0), ("merge", 0, 1)})
+    assert undone == {("merge", 1, 0)}
+    (bundle,) = planner.next_bundles(1)
+    assert bundle.keys == [("merge", 1, 0)]
+
+
+# --- on real workers ------------------------------------------------------------------------
+def make_array(i: int, seconds: float = 0.0) -> Any:
+    import numpy as np
+
+    time.sleep(seconds)
+    return np.full(512 * 1024, float(i))  # 4 MiB
+
+
+def add_arrays(*parts: Any) -> Any:
+    return sum(parts)
+
+
+def _array_tree(n: int, fanin: int, seconds: float = 0.0) -> tuple[dict[Any, Any], Any]:
+    dsk: dict[Any, Any] = {("make", i): (make_array, i, seconds) for i in range(n)}
+    final = graphs.add_merge_tree(dsk, list(dsk), fanin, key=lambda d, j: ("add", d, j),
+                                  task=lambda keys: (add_arrays, *keys))
+    return dsk, final
+
+
+@pytest.mark.taskvine
+def test_intermediates_stay_on_workers(cluster: Any) -> None:
+    dsk, final = _array_tree(16, 4)
+    (value,) = cluster.get(dsk, [final])
+    assert value[0] == sum(range(16)) and value.nbytes == 4 * 2**20
+    traffic = cluster.last_summary.traffic
+    # Bundles merge subtrees in one process; their results wait on the workers for the
+    # last merge, and only its value reaches the manager.
+    assert traffic.kept >= 4 * 2**20, cluster.last_summary.lines()
+    assert traffic.manager < 1.5 * value.nbytes, cluster.last_summary.lines()
+
+
+@pytest.mark.taskvine
+def test_inline_mode_sends_everything_through_the_manager(cluster: Any) -> None:
+    dsk, final = _array_tree(8, 4)
+    run = cluster.runtime.run_config
+    cluster.runtime.run_config = run.replace(keep_on_workers=False)
+    try:
+        (value,) = cluster.get(dsk, [final])
+    finally:
+        cluster.runtime.run_config = run
+    assert value[0] == sum(range(8))
+    traffic = cluster.last_summary.traffic
+    assert traffic.kept == 0 and traffic.manager > 8 * 4 * 2**20
+
+
+@pytest.mark.taskvine
+def test_worker_killed_while_holding_values(tmp_path: Any) -> None:
+    import datavine
+
+    dsk, final = _array_tree(24, 2, seconds=0.25)
+    run = datavine.RunConfig(max_bundle_tasks=2, target_bundle_s=0.01, no_worker_timeout_s=30,
+                             timeout_s=180)
+    with datavine.LocalCluster(workers=3, cores=1, run=run,
+                               manager=datavine.ManagerConfig(run_dir=tmp_path)) as cluster:
+        killer = threading.Timer(2.5, cluster.workers.kill, (0,))
+        killer.start()
+        (value,) = cluster.get(dsk, [final])
+        killer.join()
+        summary = cluster.last_summary
+    assert value[0] == sum(range(24))
+    assert summary.lost_workers, summary.lines()
+    # whatever it held was made again (or nothing it held was still needed)
+    assert summary.recomputed >= 0 and summary.tasks >= len(dsk)
