@@ -79,8 +79,8 @@ def tree_graph() -> tuple[dict[Any, Any], Any, Callable[[Any], bool]]:
 
 def agc_graph(chunks: list[Any], reference: Any) -> tuple[dict[Any, Any], Any,
                                                           Callable[[Any], bool]]:
-    dsk: dict[Any, Any] = {("agc-chunk", i): (chunk_with_systematics, str(c.path), c.start,
-                                              c.stop) for i, c in enumerate(chunks)}
+    dsk: dict[Any, Any] = {("agc-chunk", i): (chunk_with_systematics, str(c.path), c.entry_start,
+                                              c.entry_stop) for i, c in enumerate(chunks)}
     final = add_merge_tree(dsk, list(dsk), 4, key=lambda d, j: ("agc-merge", d, j),
                            task=lambda keys: (merge_systematics, *keys))
     return dsk, final, lambda v: v[0] == reference and v[1].shape == (VARIATIONS, BINS)

@@ -242,8 +242,10 @@ class GraphRun:
             cap_mb = max(retried) if retried else memory.cap_for(category)
         limits = {k: limit for k, c in categories.items()
                   if (limit := self.cfg.time_limit(c)) is not None}
-        keep = [k for k in bundle.outputs if k not in self.graph.outputs] if (
-            self.cfg.keep_on_workers) else []
+        keep = [k for k in bundle.outputs if k not in self.graph.outputs
+                and self.rt.costs.large_output(self.graph.category(k),
+                                               self.cfg.inline_max_bytes)
+                ] if self.cfg.keep_on_workers else []
         plan = self.kept.plan(keep, bundle.inputs)
         spec = {
             "nodes": [(k, self.graph.nodes[k]) for k in bundle.keys],
@@ -320,6 +322,9 @@ class GraphRun:
         for key, blob in result["values"].items():
             self.values[key] = cloudpickle.loads(blob)
         addrport = getattr(task, "addrport", None)
+        sizes = {**{k: len(b) for k, b in result["values"].items()}, **result.get("stored", {})}
+        for key, nbytes in sizes.items():
+            self.rt.costs.observe_output(self.graph.category(key), nbytes)
         self.kept.fetched(entry.plan, addrport)
         self.kept.made(entry.plan, result.get("stored", {}), result["values"], addrport)
         for key in bundle.keys:
