@@ -39,20 +39,10 @@ class Bundle:
 
 @dataclass
 class CostModel:
-    """Exponential moving average of task durations per category, and the largest output
-    (pickled bytes) each category produced."""
+    """Exponential moving average of task durations per category."""
 
     alpha: float = 0.3
     seconds: dict[str, float] = field(default_factory=dict)
-    output_bytes: dict[str, int] = field(default_factory=dict)
-
-    def observe_output(self, category: str, nbytes: int) -> None:
-        self.output_bytes[category] = max(nbytes, self.output_bytes.get(category, 0))
-
-    def large_output(self, category: str, threshold: int) -> bool:
-        """Whether outputs of ``category`` may exceed ``threshold`` bytes (unknown: yes)."""
-        seen = self.output_bytes.get(category)
-        return seen is None or seen > threshold
 
     def observe(self, category: str, count: int, total_s: float) -> None:
         if count <= 0:

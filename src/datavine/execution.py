@@ -41,7 +41,7 @@ from datavine.summary import RunSummary
 from datavine.topology import ANYWHERE, Target
 
 if TYPE_CHECKING:
-    from datavine.runtime import Runtime
+    from datavine.runtime import Finished, Runtime
 
 Key = Hashable
 REFRESH_S = 1.0  # how often workers are sampled and the library's health is checked
@@ -52,7 +52,6 @@ TASK_READY = "READY"  # Task.state (a string): submitted, not dispatched to a wo
 @dataclass
 class Inflight:
     bundle: Bundle
-    call: Any
     target: Target
     category: str
     cap_mb: float | None
@@ -65,7 +64,6 @@ class GraphRun:
 
     def __init__(self, rt: Runtime, graph: graphs.TaskGraph, cfg: RunConfig) -> None:
         self.rt = rt
-        self.m = rt.manager
         self.graph = graph
         self.cfg = cfg
         self.files = {k: task_files(n) for k, n in graph.nodes.items()}
@@ -99,9 +97,9 @@ class GraphRun:
                         self._refresh(now)
                         last_refresh = now
                     self._submit(library, now)
-                    task = self.m.wait(int(self.cfg.wait_s))
-                    if task is not None:
-                        self._handle(task)
+                    done = self.rt.wait(int(self.cfg.wait_s))
+                    if done is not None:
+                        self._handle(done)
                     now = time.monotonic()
                     if self.rt.connected_workers() > 0:
                         last_worker = now
@@ -150,7 +148,7 @@ class GraphRun:
         # without one (its library died: "forsaken").
         requeued = set(self.rt.requeues.read())
         for task_id, entry in self.inflight.items():
-            state = entry.call.state
+            state = self.rt.call_state(task_id)
             if state == TASK_READY and entry.dispatched:
                 requeued.add(task_id)
             entry.dispatched = state != TASK_READY
@@ -159,20 +157,20 @@ class GraphRun:
             if entry is None:
                 continue
             entry.dispatched = False
-            if entry.call.state == TASK_READY:
+            if self.rt.call_state(task_id) == TASK_READY:
                 # TaskVine would hold it back for its transient-error interval (~15 s):
                 # cancel it, and run it again at once where there is room.
-                self.m.cancel_by_task_id(task_id)
+                self.rt.cancel(task_id)
                 self._forget(task_id)
                 self._retry(entry.bundle, "its worker or library died under it", anywhere=True)
             else:  # TaskVine sent it to another worker already: count the retry
                 self.summary.retries += 1
                 self.summary.failures.append(
                     f"bundle {entry.bundle.id} ({len(entry.bundle.keys)} tasks): its worker or "
-                    f"library died under it; re-run on {entry.call.addrport}")
+                    f"library died under it; re-run on {self.rt.call_worker(task_id)}")
         for task_id, entry in list(self.inflight.items()):
-            if entry.target.worker in gone and entry.call.state == TASK_READY:
-                self.m.cancel_by_task_id(task_id)  # pinned to a worker that left
+            if entry.target.worker in gone and self.rt.call_state(task_id) == TASK_READY:
+                self.rt.cancel(task_id)  # pinned to a worker that left
                 self._forget(task_id)
                 self._retry(entry.bundle, f"worker {entry.target.worker} left", anywhere=True)
         self.rt.check_library()
@@ -243,8 +241,7 @@ class GraphRun:
         limits = {k: limit for k, c in categories.items()
                   if (limit := self.cfg.time_limit(c)) is not None}
         keep = [k for k in bundle.outputs if k not in self.graph.outputs
-                and self.rt.costs.large_output(self.graph.category(k),
-                                               self.cfg.inline_max_bytes)
+                and self.kept.worth_keeping(self.graph.category(k), self.cfg.inline_max_bytes)
                 ] if self.cfg.keep_on_workers else []
         plan = self.kept.plan(keep, bundle.inputs)
         spec = {
@@ -258,18 +255,12 @@ class GraphRun:
             "shardmap": self.cfg.shardmap,
             "limits": limits,
         }
-        call = self.rt.vine.FunctionCall(self.rt.ensure_library(), "run_bundle",
-                                         self.rt.dumps(spec), cap_mb, self.preload,
-                                         sum(limits.values()) if limits else None)
-        call.set_cores(1)
-        for key, name in plan.fetch.items():
-            call.add_input(self.kept.held[key].file, name)
-        for key, name in plan.store.items():
-            call.add_output(plan.declared[key], name)
-        for feature in target.features():
-            call.add_feature(feature)
-        task_id = self.m.submit(call)
-        self.inflight[task_id] = Inflight(bundle, call, target, category, cap_mb, plan)
+        task_id = self.rt.submit_bundle(
+            self.rt.dumps(spec), cap_mb, self.preload, sum(limits.values()) if limits else None,
+            target.features(),
+            fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
+            store={name: plan.declared[key] for key, name in plan.store.items()})
+        self.inflight[task_id] = Inflight(bundle, target, category, cap_mb, plan)
         self.rt.topology.sent(target)
         self.summary.bundles += 1
         if bundle.files:
@@ -285,20 +276,19 @@ class GraphRun:
                 self.kept.failed(entry.plan)  # its outputs will never be there
         return entry
 
-    def _handle(self, task: Any) -> None:
-        result = self.inflight[task.id].call.output if (
-            task.id in self.inflight and task.successful()) else None
-        ok = isinstance(result, dict) and result.get("status") == remote.STATUS_OK
-        entry = self._forget(task.id, succeeded=ok)
+    def _handle(self, done: Finished) -> None:
+        result = done.result
+        entry = self._forget(done.id, succeeded=bool(result and
+                                                     result.get("status") == remote.STATUS_OK))
         if entry is None:
             return  # a call cancelled earlier
-        if not isinstance(result, dict):  # the library or its worker died under the call
-            self._retry(entry.bundle, self._failure_reason(task, result), anywhere=True)
+        if result is None:  # the library or its worker died under the call
+            self._retry(entry.bundle, done.failure, anywhere=True)
             return
-        where = f"{result.get('worker') or task.addrport} ({result.get('host', '?')})"
+        where = f"{result.get('worker') or done.addrport} ({result.get('host', '?')})"
         status = result["status"]
         if status == remote.STATUS_OK:
-            self._accept(entry, result, task)
+            self._accept(entry, result, done.addrport)
         elif status == remote.STATUS_MEMORY:
             self._overrun(entry, result, where)
         elif status == remote.STATUS_INPUT:
@@ -317,14 +307,13 @@ class GraphRun:
         else:
             self._raise_task_error(entry.bundle, result, where)
 
-    def _accept(self, entry: Inflight, result: dict[str, Any], task: Any) -> None:
+    def _accept(self, entry: Inflight, result: dict[str, Any], addrport: str | None) -> None:
         bundle = entry.bundle
         for key, blob in result["values"].items():
             self.values[key] = cloudpickle.loads(blob)
-        addrport = getattr(task, "addrport", None)
         sizes = {**{k: len(b) for k, b in result["values"].items()}, **result.get("stored", {})}
         for key, nbytes in sizes.items():
-            self.rt.costs.observe_output(self.graph.category(key), nbytes)
+            self.kept.observe(self.graph.category(key), nbytes)
         self.kept.fetched(entry.plan, addrport)
         self.kept.made(entry.plan, result.get("stored", {}), result["values"], addrport)
         for key in bundle.keys:
@@ -336,7 +325,7 @@ class GraphRun:
                     self.kept.consumed(dep)
         self.planner.complete(bundle)
         peak = float(result.get("peak_mb") or 0.0)
-        worker = self._note_worker(result, task, bundle)
+        worker = self._note_worker(result, addrport, bundle)
         self._note_memory(entry, peak)
         for category, (count, seconds) in result.get("timing", {}).items():
             self.rt.costs.observe(category, count, seconds)
@@ -357,11 +346,11 @@ class GraphRun:
         if hook is not None:
             hook(bundle.keys, {k: self.values[k] for k in result["values"] if k in self.values})
 
-    def _note_worker(self, result: dict[str, Any], task: Any, bundle: Bundle) -> str:
+    def _note_worker(self, result: dict[str, Any], addrport: str | None, bundle: Bundle) -> str:
         reads = result.get("reads", ())
         files = {r["lfn"] for r in reads} | {logical_name(f) for f in bundle.files}
-        known = self.rt.topology.learn(result.get("worker"), result.get("rack"),
-                                       getattr(task, "addrport", None), files)
+        known = self.rt.topology.learn(result.get("worker"), result.get("rack"), addrport,
+                                       files)
         worker = known.id if known is not None else "?"
         self.summary.add_reads(reads, result.get("rack"))
         now = time.monotonic()
@@ -416,8 +405,8 @@ class GraphRun:
         undone = self.planner.undo(lost, self._available)
         lost_set = set(lost)
         for task_id, entry in list(self.inflight.items()):
-            if lost_set & entry.plan.fetch.keys() and entry.call.state == TASK_READY:
-                self.m.cancel_by_task_id(task_id)
+            if lost_set & entry.plan.fetch.keys() and self.rt.call_state(task_id) == TASK_READY:
+                self.rt.cancel(task_id)
                 self._forget(task_id)
                 self.planner.requeue(entry.bundle)  # ready again once its inputs are
         self.summary.recomputed += len(undone)
@@ -456,12 +445,6 @@ class GraphRun:
         self.summary.retries += 1
         self.planner.requeue(bundle)
 
-    def _failure_reason(self, task: Any, output: Any) -> str:
-        host = getattr(task, "hostname", None) or "?"
-        if isinstance(output, Exception):
-            return f"{type(output).__name__} on {host}: {task.result_string}"
-        return f"TaskVine result {task.result_string!r} on {host} (exit {task.exit_code})"
-
     def _raise_task_error(self, bundle: Bundle, result: dict[str, Any], where: str) -> None:
         key = result.get("key")
         tb = result.get("traceback", "")
@@ -485,9 +468,9 @@ class GraphRun:
         confused the worker's slot: the next call hung), so the library is restarted, which
         kills them, and the cluster's slots are free for the next run at once."""
         running = []
-        for task_id, entry in list(self.inflight.items()):
-            if entry.call.state == TASK_READY:
-                self.m.cancel_by_task_id(task_id)
+        for task_id in list(self.inflight):
+            if self.rt.call_state(task_id) == TASK_READY:
+                self.rt.cancel(task_id)
             else:
                 running.append(task_id)
         if running:

@@ -52,6 +52,17 @@ class Intermediates:
         self._names = itertools.count()
         self.kept_bytes = 0  # made and left on workers, over the run
         self.peer_bytes = 0  # fetched by a call on another worker than the one holding them
+        self.largest: dict[str, int] = {}  # largest output seen per task category
+
+    def observe(self, category: str, nbytes: int) -> None:
+        self.largest[category] = max(nbytes, self.largest.get(category, 0))
+
+    def worth_keeping(self, category: str, inline_max: int) -> bool:
+        """Whether outputs of ``category`` may be larger than ``inline_max`` bytes: unknown
+        yet (the first bundles of a category keep theirs), or seen so in this run. A
+        category whose outputs all came back small stops making temp files."""
+        seen = self.largest.get(category)
+        return seen is None or seen > inline_max
 
     def plan(self, outputs: Iterable[Key], inputs: Iterable[Key]) -> Plan:
         """Declare a temp per output to keep (outputs other bundles consume); name the held

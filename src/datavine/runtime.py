@@ -14,7 +14,8 @@ import importlib
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,18 @@ LIBRARY_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THR
                "NUMBA_NUM_THREADS": "1"}
 STATUS_EVERY_S = 1.0
 ENV_STAGE_S = 300.0  # beyond no_worker_timeout_s: one worker fetching a large tarball
+
+
+@dataclass
+class Finished:
+    """A bundle's call as TaskVine returned it: the status dict the library sent
+    (``result``), or why there is none (``failure``: the library or its worker died), and
+    the worker it ran on."""
+
+    id: int
+    result: dict[str, Any] | None
+    addrport: str | None
+    failure: str = ""
 
 
 def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
@@ -170,6 +183,7 @@ class Runtime:
         self._rewarm = False
         self._addrports: set[str] = set()  # workers connected at the last status
         self.requeues = RequeueLog(self.info_dir / "vine-logs" / "transactions")
+        self._calls: dict[int, Any] = {}  # bundles' calls in TaskVine, by task id
         self.costs = CostModel()
         policy = self.run_config.memory
         self.memory = MemoryState(policy) if policy is not None else None
@@ -294,6 +308,58 @@ class Runtime:
             f"no worker received the environment tarball within {limit:.0f} s "
             f"({self.connected_workers()} workers connected to port {self.port})")
 
+    # --- the port a run drives: bundles in, results out ----------------------------------------
+    def submit_bundle(self, payload: bytes, cap_mb: float | None, preload: tuple[str, ...],
+                      limit_s: float | None, features: Sequence[str] = (),
+                      fetch: Mapping[str, Any] | None = None,
+                      store: Mapping[str, Any] | None = None) -> int:
+        """Submit one bundle as a call of the library (one core); ``fetch`` / ``store``: file
+        name in the call's sandbox -> TaskVine file it reads / writes. Returns its id."""
+        call = self.vine.FunctionCall(self.ensure_library(), "run_bundle", payload, cap_mb,
+                                      preload, limit_s)
+        call.set_cores(1)
+        for name, file in (fetch or {}).items():
+            call.add_input(file, name)
+        for name, file in (store or {}).items():
+            call.add_output(file, name)
+        for feature in features:
+            call.add_feature(feature)
+        task_id = int(self._m.submit(call))
+        self._calls[task_id] = call
+        return task_id
+
+    def wait(self, timeout_s: int) -> Finished | None:
+        """The next bundle call that finished within ``timeout_s``, or None. Calls of an
+        earlier run (cancelled, abandoned) that come back are dropped here."""
+        task = self._m.wait(timeout_s)
+        if task is None:
+            return None
+        call = self._calls.pop(task.id, None)
+        if call is None:
+            return None
+        output = call.output if task.successful() else None
+        if isinstance(output, dict):
+            return Finished(task.id, output, task.addrport)
+        host = getattr(task, "hostname", None) or "?"
+        why = (f"{type(output).__name__} on {host}: {task.result_string}"
+               if isinstance(output, Exception) else
+               f"TaskVine result {task.result_string!r} on {host} (exit {task.exit_code})")
+        return Finished(task.id, None, task.addrport, why)
+
+    def cancel(self, task_id: int) -> None:
+        """Withdraw a call that is not running (see :meth:`restart_library` for running)."""
+        self._m.cancel_by_task_id(task_id)
+        self._calls.pop(task_id, None)
+
+    def call_state(self, task_id: int) -> str:
+        """TaskVine's state of a call: READY (waiting), RUNNING, ... ('' once it is gone)."""
+        call = self._calls.get(task_id)
+        return str(call.state) if call is not None else ""
+
+    def call_worker(self, task_id: int) -> str | None:
+        call = self._calls.get(task_id)
+        return call.addrport if call is not None else None
+
     def declare_temp(self) -> Any:
         """A TaskVine temp file: made by a call, kept in its worker's cache."""
         return self._m.declare_temp()
@@ -328,7 +394,7 @@ class Runtime:
                 if isinstance(task, dict) and task.get("provides_library") == name:
                     self._m.cancel_by_task_id(int(task["task_id"]))
             for task_id in calls:
-                self._m.cancel_by_task_id(task_id)
+                self.cancel(task_id)
             self._m.remove_library(name)
 
     def rewarm(self, timeout_s: float) -> None:
