@@ -57,11 +57,13 @@ def collect(*intervals: tuple[float, float]) -> list[tuple[float, float]]:
     return list(intervals)
 
 
-def make_graph(n_tasks: int, seconds: float) -> Any:
-    parts = [delayed(sleep_task, pure=True)(f"/bench/workers/file-{i:06d}.root", seconds,
-                                            dask_key_name=f"sleep-{i}")
+def make_graph(n_tasks: int, seconds: float, run: int = 0) -> Any:
+    """``run`` makes the paths new for each repeat: every run places its tasks as a first
+    run does (a repeat would otherwise send each task to the worker that "read" its path)."""
+    parts = [delayed(sleep_task, pure=True)(f"/bench/workers/run-{run}/file-{i:06d}.root",
+                                            seconds, dask_key_name=f"sleep-{run}-{i}")
              for i in range(n_tasks)]
-    return delayed(collect, pure=True)(*parts, dask_key_name="collect")
+    return delayed(collect, pure=True)(*parts, dask_key_name=f"collect-{run}")
 
 
 @dataclass
@@ -172,9 +174,9 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
         start_s = time.perf_counter() - started
         per_worker = (before - mem_available_mb()) / n
         warm = len(cluster.warm_libraries)
-        graph = make_graph(waves * n, sleep)
         lost = retries = 0
-        for _ in range(repeat):
+        for i in range(repeat):
+            graph = make_graph(waves * n, sleep, run=i)
             with timed_decisions() as spent:
                 cpu0, pcpu0, t0 = cpu_s(), process_cpu_s(), time.time()
                 (intervals,) = dask.compute(graph, scheduler=cluster.get)

@@ -148,3 +148,15 @@ def test_placement_off_reason_names_the_missing_racks() -> None:
     assert placement_off_reason(policy, None, [None]) is None
     assert "no worker has a rack" in (placement_off_reason(policy, racked, [None, None]) or "")
     assert "shards have no racks" in (placement_off_reason(policy, bare, ["A"]) or "")
+
+
+def test_after_the_cache_wait_no_rack_tier_to_wait_for_means_anywhere() -> None:
+    # files without racks (no shard map): once the worker that read them stayed busy for
+    # cache_wait_s, holding on for a "rack" worker that cannot exist only adds latency
+    task = TaskInputs(("/a.root",), {})
+    busy_reader = WorkerView("w1", rack=None, free_slots=0, files_read=frozenset({"/a.root"}))
+    idle = WorkerView("w2", rack=None, free_slots=1)
+    policy = PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0)
+    assert decide(task, [busy_reader, idle], 0.5, policy).action == "hold"
+    late = decide(task, [busy_reader, idle], 1.5, policy)
+    assert late.action == "run" and late.tier == Tier.FAR

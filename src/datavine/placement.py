@@ -161,9 +161,9 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
     cache_wait_s = min(policy.cache_wait_s, policy.max_wait_s)
     if waited_s < cache_wait_s:
         wanted = best_connected
-    elif waited_s < policy.max_wait_s:
+    elif waited_s < policy.max_wait_s and any(s.rack_files for s in scores.values()):
         wanted = min(best_connected, Tier.RACK)
-    else:
+    else:  # waited long enough, or no worker sits in a rack of its files: none to wait for
         wanted = Tier.FAR
 
     if best_free is not None and best_free >= wanted:
