@@ -295,9 +295,11 @@ class GraphRun:
             self._input_failed(entry, result, where)
         elif status == remote.STATUS_TIME:
             self._over_time(entry, result, where)
-        elif status == remote.STATUS_LOST:
-            self._retry(entry.bundle, f"an input kept on a worker was lost: "
-                        f"{result.get('message')}", anywhere=True)
+        elif status == remote.STATUS_LOST:  # not the bundle's fault: no attempt counted
+            self.summary.failures.append(f"bundle {entry.bundle.id}: {result.get('message')}")
+            self._recover(self.kept.lose([result.get("key")]))
+            self.anywhere.update(entry.bundle.keys)
+            self.planner.requeue(entry.bundle)
         elif status == remote.STATUS_LOAD:
             raise TaskLoadError(
                 f"worker {where} could not load tasks {_shown(entry.bundle.keys)}: "

@@ -111,7 +111,12 @@ class Intermediates:
     def lost_on(self, workers: set[str]) -> list[Key]:
         """Held values whose only copy was on one of ``workers`` (gone): forgotten here;
         returns their keys, whose producers must run again."""
-        lost = [k for k, h in self.held.items() if h.worker in workers]
+        return self.lose([k for k, h in self.held.items() if h.worker in workers])
+
+    def lose(self, keys: Iterable[Key]) -> list[Key]:
+        """These held values are gone (a call could not fetch them): forget them; returns
+        those that were held."""
+        lost = [k for k in keys if k in self.held]
         for key in lost:
             self._undeclare(self.held.pop(key).file)
         return lost

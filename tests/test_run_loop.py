@@ -1,0 +1,152 @@
+"""The run loop (:class:`datavine.execution.GraphRun`) driven through retries, overruns, lost
+calls, lost kept values and shard failover on a fake port (tests/fake_runtime.py): fast,
+deterministic, no TaskVine. The end-to-end tests on real workers stay in test_runtime,
+test_faults and test_intermediates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from datavine import graph as graphs
+from datavine import remote
+from datavine.config import RunConfig
+from datavine.errors import BundleFailedError, MemoryCapError, TaskTimeLimitError
+from datavine.execution import GraphRun
+from datavine.memory import MemoryPolicy
+from tests.fake_runtime import FakeRuntime
+
+
+def big(i: int) -> Any:
+    import numpy as np
+
+    return np.full(32 * 1024, float(i))  # 256 KiB: kept on the worker
+
+
+def add(*parts: Any) -> Any:
+    return sum(parts[1:], parts[0])
+
+
+def tree(n: int = 8, fanin: int = 2) -> tuple[dict[Any, Any], Any]:
+    dsk: dict[Any, Any] = {("big", i): (big, i) for i in range(n)}
+    final = graphs.add_merge_tree(dsk, list(dsk), fanin, key=lambda d, j: ("add", d, j),
+                                  task=lambda keys: (add, *keys))
+    return dsk, final
+
+
+def run(rt: FakeRuntime, dsk: dict[Any, Any], keys: list[Any]) -> list[Any]:
+    graph = graphs.build(dsk, keys)
+    values = GraphRun(rt, graph, rt.run_config).execute()  # type: ignore[arg-type]
+    return [values[k] for k in keys]
+
+
+CFG = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, wait_s=1)
+
+
+def test_values_stay_on_workers_and_are_dropped_when_consumed() -> None:
+    rt = FakeRuntime(CFG)
+    dsk, final = tree()
+    (value,) = run(rt, dsk, [final])
+    assert value[0] == sum(range(8))
+    summary = rt.last_summary
+    assert summary.traffic.kept >= 8 * 256 * 1024  # every leaf and inner merge stayed there
+    assert not rt.declared, "temps left declared after the run"
+
+
+def test_inline_mode_keeps_nothing() -> None:
+    rt = FakeRuntime(CFG.replace(keep_on_workers=False))
+    dsk, final = tree()
+    assert run(rt, dsk, [final])[0][0] == sum(range(8))
+    assert rt.last_summary.traffic.kept == 0 and rt.declared == set()
+
+
+def test_small_outputs_stop_making_temp_files() -> None:
+    rt = FakeRuntime(CFG.replace(bundles_per_slot=1))
+    dsk = {("small", i): (int, i) for i in range(20)}
+    dsk["total"] = (sum, list(dsk))
+    assert run(rt, dsk, ["total"]) == [sum(range(20))]
+    # only the first bundles of the category (before any result) kept theirs
+    assert rt.last_summary.traffic.kept == 0
+    assert not rt.declared
+
+
+def test_lost_worker_values_are_made_again() -> None:
+    lost_at = {"call": 10}
+    rt: FakeRuntime
+
+    def script(n: int, spec: dict[str, Any]) -> Any:
+        if n == lost_at["call"]:
+            for worker in rt.workers[:1]:
+                rt.lose_worker(worker)
+        return None
+
+    rt = FakeRuntime(CFG, workers=2, script=script)
+    dsk, final = tree(16)
+    (value,) = run(rt, dsk, [final])
+    assert value[0] == sum(range(16))
+    summary = rt.last_summary
+    assert summary.recomputed > 0, summary.lines()
+    assert summary.tasks > len(dsk)  # some ran twice
+    assert not rt.declared
+
+
+def test_overrun_is_retried_under_a_larger_cap_then_gives_up_at_the_ceiling() -> None:
+    policy = MemoryPolicy(default_mb=100, floor_mb=50, ceiling_mb=400, growth=2.0)
+
+    def once(n: int, spec: dict[str, Any]) -> Any:
+        return {"status": remote.STATUS_MEMORY, "peak_mb": 150.0} if n == 1 else None
+
+    rt = FakeRuntime(CFG.replace(memory=policy), script=once)
+    assert run(rt, {"x": (int, 3)}, ["x"]) == [3]
+    assert rt.last_summary.categories["x"].overruns == 1
+    assert rt.last_summary.retries == 1
+
+    def always(n: int, spec: dict[str, Any]) -> Any:
+        return {"status": remote.STATUS_MEMORY, "peak_mb": 1e6}
+
+    with pytest.raises(MemoryCapError, match="'x'"):
+        run(FakeRuntime(CFG.replace(memory=policy), script=always), {"x": (int, 3)}, ["x"])
+
+
+def test_lost_calls_are_retried_then_fail_naming_the_tasks() -> None:
+    flaky = FakeRuntime(CFG, script=lambda n, spec: "lost" if n <= 2 else None)
+    assert run(flaky, {"x": (int, 1)}, ["x"]) == [1]
+    assert flaky.last_summary.retries == 2
+    dead = FakeRuntime(CFG.replace(max_retries=2), script=lambda n, spec: "lost")
+    with pytest.raises(BundleFailedError, match=r"'x'.*failed 3 times"):
+        run(dead, {"x": (int, 1)}, ["x"])
+
+
+def test_shard_failure_is_retried_and_cools_the_shard() -> None:
+    def script(n: int, spec: dict[str, Any]) -> Any:
+        if n == 1:
+            return {"status": remote.STATUS_INPUT, "server": "xcache-1", "message": "down"}
+        return None
+
+    rt = FakeRuntime(CFG, script=script)
+    assert run(rt, {"x": (int, 5)}, ["x"]) == [5]
+    assert rt.last_summary.reads.failovers == 1
+    import time
+
+    assert "xcache-1" in rt.shard_health.failed(time.monotonic())
+
+
+def test_time_limit_is_retried_once_then_raised() -> None:
+    over = {"status": remote.STATUS_TIME, "key": "x", "limit_s": 2.0, "message": "ran past"}
+    rt = FakeRuntime(CFG, script=lambda n, spec: over if n == 1 else None)
+    assert run(rt, {"x": (int, 5)}, ["x"]) == [5]
+    assert rt.last_summary.timeouts == 1
+    with pytest.raises(TaskTimeLimitError, match="'x'"):
+        run(FakeRuntime(CFG, script=lambda n, spec: over), {"x": (int, 5)}, ["x"])
+
+
+def test_user_error_is_raised_with_the_remote_traceback() -> None:
+    def boom(x: int) -> int:
+        raise ValueError(f"bad {x}")
+
+    rt = FakeRuntime(CFG)
+    with pytest.raises(ValueError, match="bad 4") as info:
+        run(rt, {"y": (boom, 4)}, ["y"])
+    assert any("remote traceback" in note for note in info.value.__notes__)
+    assert rt.last_summary.retries == 0
