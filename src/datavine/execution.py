@@ -11,7 +11,7 @@ crashed libraries (retried), tasks a worker cannot load (raised). Every wait is 
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from datavine import graph as graphs
 from datavine import remote
 from datavine.bundling import Bundle, Planner
 from datavine.config import RunConfig
+from datavine.dispatch import Dispatcher
 from datavine.errors import (
     BundleFailedError,
     MemoryCapError,
@@ -34,9 +35,9 @@ from datavine.errors import (
 from datavine.inputs import task_files
 from datavine.intermediates import Intermediates, Plan
 from datavine.memory import GiveUp
-from datavine.placement import Placement, TaskInputs, Tier, decide, placement_off_reason
+from datavine.placement import Placement, placement_off_reason
 from datavine.progress import RunProgress
-from datavine.shards import NoShardAvailableError, ShardMap, logical_name
+from datavine.shards import logical_name
 from datavine.summary import RunSummary
 from datavine.topology import ANYWHERE, Target
 
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 Key = Hashable
 REFRESH_S = 1.0  # how often workers are sampled and the library's health is checked
-LOOKAHEAD_FACTOR = 4  # bundles considered per free slot when the first ones must wait
 TASK_READY = "READY"  # Task.state (a string): submitted, not dispatched to a worker yet
 
 
@@ -73,11 +73,10 @@ class GraphRun:
         self.kept = Intermediates(rt.declare_temp, rt.undeclare)  # values left on workers
         self.consumers = {k: set(d) for k, d in graph.dependents.items()}
         self.inflight: dict[int, Inflight] = {}
-        self.held: list[tuple[Bundle, float]] = []
-        self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
+        self.dispatch = Dispatcher(self.planner, rt.topology, cfg.placement, cfg.shardmap,
+                                   rt.shard_health, cfg.bundles_per_slot)
         self.cap_override: dict[Key, float] = {}  # tasks retried after an overrun
         self.attempts: Counter[Key] = Counter()  # by task: a requeued task gets a new bundle
-        self.anywhere: set[Key] = set()  # tasks whose last try crashed: placed anywhere next
         self.timed_out: Counter[Key] = Counter()
         self.preload = tuple(dict.fromkeys((*cfg.preload, *graph.modules())))
         self.summary = RunSummary()
@@ -177,56 +176,10 @@ class GraphRun:
 
     # --- submitting ----------------------------------------------------------------------
     def _submit(self, library: str, now: float) -> None:
-        """Fill the free slots: held bundles first, then fresh ones, looking past bundles
-        that wait for a busy rack (up to a bounded look-ahead) so other racks stay busy."""
-        slots = max(1, self.rt.connected_cores())
-        room = slots * self.cfg.bundles_per_slot - len(self.inflight)
-        if room <= 0:
-            return
-        lookahead = LOOKAHEAD_FACTOR * slots * self.cfg.bundles_per_slot
-        queue = deque(self.held)
-        self.held = []
-        while room > 0:
-            if not queue:
-                want = min(room, lookahead - len(self.held))
-                fresh = self.planner.next_bundles(want) if want > 0 else []
-                if not fresh:
-                    break
-                queue.extend((b, now) for b in fresh)
-            bundle, since = queue.popleft()
-            placement, home = self._place(bundle, now, since)
-            if placement.action == "hold":
-                self.held.append((bundle, since))
-                continue
-            if home is not None and placement.tier > Tier.FAR:
-                self.last_near[home] = now
-            self._submit_bundle(library, bundle, self.rt.topology.target(placement),
-                                placement)
-            room -= 1
-        self.held.extend(queue)
-
-    def _place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
-        """Where ``bundle`` goes, and the rack holding its files. As in Spark's delay
-        scheduling, a bundle's wait counts from the later of its arrival and the last time its
-        rack got a near bundle: a long queue for a busy rack is not a reason to go far."""
-        if not bundle.files or self.cfg.placement is None:
-            return Placement("run", Tier.FAR, reason="no input files, or placement is off"), None
-        if not self.anywhere.isdisjoint(bundle.keys):
-            return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None
-        lfns = tuple(dict.fromkeys(logical_name(f) for f in bundle.files))
-        shardmap = self.cfg.shardmap
-        racks = {f: self._rack_now(shardmap, f, now) for f in lfns} if shardmap else {}
-        task = TaskInputs(lfns, racks)
-        home = task.home_rack()
-        waited = now - max(since, self.last_near.get(home, since)) if home else now - since
-        return decide(task, self.rt.topology.views(), waited, self.cfg.placement), home
-
-    def _rack_now(self, shardmap: ShardMap, lfn: str, now: float) -> str | None:
-        """Rack of the shard that will serve ``lfn`` now (a failed shard's next in line)."""
-        try:
-            return shardmap.choose(lfn, self.rt.shard_health, now).rack
-        except NoShardAvailableError:
-            return None
+        """Send what the dispatcher picks for the free slots."""
+        for bundle, target, placement in self.dispatch.fill(
+                now, self.rt.connected_cores(), len(self.inflight)):
+            self._submit_bundle(library, bundle, target, placement)
 
     def _submit_bundle(self, library: str, bundle: Bundle, target: Target,
                        placement: Placement) -> None:
@@ -261,7 +214,6 @@ class GraphRun:
             fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
             store={name: plan.declared[key] for key, name in plan.store.items()})
         self.inflight[task_id] = Inflight(bundle, target, category, cap_mb, plan)
-        self.rt.topology.sent(target)
         self.summary.bundles += 1
         if bundle.files:
             self.summary.placement[placement.tier.name.lower() if target != ANYWHERE
@@ -298,7 +250,7 @@ class GraphRun:
         elif status == remote.STATUS_LOST:  # not the bundle's fault: no attempt counted
             self.summary.failures.append(f"bundle {entry.bundle.id}: {result.get('message')}")
             self._recover(self.kept.lose([result.get("key")]))
-            self.anywhere.update(entry.bundle.keys)
+            self.dispatch.anywhere.update(entry.bundle.keys)
             self.planner.requeue(entry.bundle)
         elif status == remote.STATUS_LOAD:
             raise TaskLoadError(
@@ -433,12 +385,12 @@ class GraphRun:
             raise TaskTimeLimitError(worst, self.graph.category(worst), limit,
                                      self.timed_out[worst], where)
         self.summary.retries += 1
-        self.anywhere.update(entry.bundle.keys)
+        self.dispatch.anywhere.update(entry.bundle.keys)
         self.planner.requeue(entry.bundle)
 
     def _retry(self, bundle: Bundle, reason: str, *, anywhere: bool = False) -> None:
         if anywhere:
-            self.anywhere.update(bundle.keys)
+            self.dispatch.anywhere.update(bundle.keys)
         self.attempts.update(bundle.keys)
         bundle.attempts = max(self.attempts[k] for k in bundle.keys)
         self.summary.failures.append(f"bundle {bundle.id} ({len(bundle.keys)} tasks): {reason}")

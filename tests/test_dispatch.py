@@ -1,0 +1,58 @@
+"""The dispatcher: room per slot, delay scheduling towards a busy rack, crashed bundles
+anywhere; pure, with the clock passed in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datavine import graph as graphs
+from datavine.bundling import CostModel, Planner
+from datavine.dispatch import Dispatcher
+from datavine.placement import PlacementPolicy
+from datavine.shards import ShardHealth, ShardMap
+from datavine.topology import ANYWHERE, Topology
+
+
+def reader(path: str) -> int:
+    return len(path)
+
+
+def setup(n: int, *, policy: PlacementPolicy | None) -> tuple[Dispatcher, Topology]:
+    dsk: dict[Any, Any] = {("read", i): (reader, f"/store/f{i}.root") for i in range(n)}
+    graph = graphs.build(dsk, list(dsk))
+    from datavine.inputs import task_files
+
+    files = {k: task_files(node) for k, node in graph.nodes.items()}
+    planner = Planner(graph, files=files.__getitem__, costs=CostModel(), target_s=1.0,
+                      max_tasks=1)
+    topology = Topology(bundles_per_core=1)
+    topology.announce("a0", "A", 1)  # one worker in rack A, none in B
+    shardmap = ShardMap.from_urls(["root://a:1", "root://b:1"], racks=["A", "B"])
+    return Dispatcher(planner, topology, policy, shardmap, ShardHealth(), 1), topology
+
+
+def test_fill_uses_only_the_free_room() -> None:
+    dispatch, _ = setup(10, policy=None)
+    assert len(dispatch.fill(0.0, slots=3, inflight=1)) == 2
+    assert dispatch.fill(0.0, slots=3, inflight=3) == []
+    assert all(target == ANYWHERE for _, target, _ in dispatch.fill(0.0, slots=8, inflight=0))
+
+
+def test_bundle_for_a_rack_without_room_is_held_then_goes_far() -> None:
+    policy = PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0)
+    dispatch, _ = setup(12, policy=policy)
+    sent = dispatch.fill(0.0, slots=4, inflight=0)
+    racks = {t.rack or t.worker for _, t, _ in sent}
+    assert racks <= {"A", "a0", None}  # near rack A, or far for rack B's files (no B worker)
+    held_before = len(dispatch.held)
+    assert held_before > 0  # rack A is full: its other files wait
+    later = dispatch.fill(10.0, slots=4, inflight=0)  # past max_wait_s: they go anywhere
+    assert later and len(dispatch.held) < held_before + len(later)
+
+
+def test_crashed_bundle_goes_anywhere() -> None:
+    dispatch, _ = setup(2, policy=PlacementPolicy())
+    first = dispatch.planner.next_bundles(1)[0]
+    dispatch.anywhere.update(first.keys)
+    placement, home = dispatch.place(first, now=0.0, since=0.0)
+    assert placement.action == "run" and home is None and "anywhere" in placement.reason
