@@ -61,6 +61,9 @@ def scenarios(data: Path, scratch: Path) -> dict[str, Callable[[], FaultResult]]
             "datavine run SIGTERM", signal.SIGTERM, run_cmd, 6),
         "LocalCluster script SIGHUP": lambda: faults.client_signal(
             "LocalCluster script SIGHUP", signal.SIGHUP, faults.cluster_client_command(), 3),
+        "Ctrl-C while a worker is frozen": lambda: faults.client_signal(
+            "Ctrl-C while a worker is frozen", signal.SIGINT, faults.cluster_client_command(),
+            3, before=faults.freeze_one_worker),
         "datavine run SIGKILL": lambda: faults.client_signal(
             "datavine run SIGKILL", signal.SIGKILL, run_cmd, 6),
         "HTCondor worker job removed": lambda: condor_scenario(scratch),

@@ -115,6 +115,15 @@ def test_signalled_script_leaves_nothing(sig: int) -> None:
     check(result)
 
 
+def test_ctrl_c_is_answered_while_a_worker_is_frozen() -> None:
+    """The manager may be blocked reading from the frozen worker: Ctrl-C still ends the run
+    within TaskVine's bounded reply timeout, and everything is stopped."""
+    result = faults.client_signal("Ctrl-C, frozen worker", signal.SIGINT,
+                                  faults.cluster_client_command(), 3,
+                                  before=faults.freeze_one_worker)
+    check(result)
+
+
 @pytest.mark.xcache
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_signalled_datavine_run_leaves_nothing(sig: int, tmp_path_factory: Any) -> None:

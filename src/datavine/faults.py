@@ -303,9 +303,11 @@ def bad_file(kind: str, directory: Path) -> FaultResult:
 
 # --- client processes -------------------------------------------------------------------------
 def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, *,
-                  env: dict[str, str] | None = None) -> FaultResult:
+                  env: dict[str, str] | None = None,
+                  before: Callable[[set[int]], None] | None = None) -> FaultResult:
     """Start ``command``; once its descendants span ``ready_sessions`` sessions (workers,
-    servers, its reaper), send ``sig``; measure the time to exit and what is left after."""
+    servers, its reaper), call ``before(sessions)`` (another fault first), send ``sig``;
+    measure the time to exit and what is left after."""
     with private_tmp() as tmp:
         proc = subprocess.Popen(command, env={**os.environ, **(env or {}), "TMPDIR": str(tmp)},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -322,6 +324,9 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
                        120, "the client's workers")
             time.sleep(FAULT_AT_S)
             sids = sessions()
+            if before is not None:
+                before(sids)
+                time.sleep(FAULT_AT_S)
             t0 = time.monotonic()
             proc.send_signal(sig)
             try:
@@ -355,6 +360,14 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
     if files:
         outcome += f"; left {', '.join(sorted({str(f.relative_to(tmp).parts[0]) for f in files}))}"
     return FaultResult(name, ok, seconds, outcome, len(left), len(files))
+
+
+def freeze_one_worker(sessions: set[int]) -> None:
+    """SIGSTOP the session of one of the client's workers (its reaper's is left alone)."""
+    from datavine.sessions import signal_session
+
+    workers = sorted(s for s in sessions if "vine_worker" in cmdline(s))
+    signal_session(workers[0], signal.SIGSTOP)
 
 
 def cluster_client_command(workers: int = 2) -> list[str]:

@@ -145,6 +145,7 @@ class LocalWorkers:
             self._watch = None
         for proc in self.procs:
             _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, signal.SIGCONT)  # a frozen worker acts on it at once
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
