@@ -149,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except Terminated as exc:
         handled()
-        print(f"datavine {args.command}: {exc}; stopped what it had started", file=sys.stderr)
+        done = ("; started pools are left running (datavine pool stop)" if args.command == "pool"
+                else "; stopped what it had started")
+        print(f"datavine {args.command}: {exc}{done}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"datavine {args.command}: interrupted", file=sys.stderr)
