@@ -137,6 +137,21 @@ def test_intermediates_stay_on_workers(cluster: Any) -> None:
 
 
 @pytest.mark.taskvine
+def test_intermediates_stay_on_workers_uncapped(tmp_path: Any) -> None:
+    """Bundles run in the library process itself: files are read and written in the call's
+    sandbox there too."""
+    import datavine
+
+    dsk, final = _array_tree(8, 2)
+    with datavine.LocalCluster(workers=2, cores=1, manager=datavine.ManagerConfig(
+            run_dir=tmp_path), run=datavine.RunConfig(memory=None, max_bundle_tasks=2)) as c:
+        (value,) = c.get(dsk, [final])
+        traffic = c.last_summary.traffic
+    assert value[0] == sum(range(8))
+    assert traffic.kept > 0 and traffic.manager < 1.5 * value.nbytes
+
+
+@pytest.mark.taskvine
 def test_inline_mode_sends_everything_through_the_manager(cluster: Any) -> None:
     dsk, final = _array_tree(8, 4)
     run = cluster.runtime.run_config
