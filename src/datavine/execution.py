@@ -116,9 +116,8 @@ class GraphRun:
             self._cancel_inflight()
             self.kept.clear()
             traffic = self.summary.traffic
-            traffic.manager_out, traffic.manager_in = (
-                now - then for now, then in zip(self.rt.file_bytes(), self.bytes_at_start,
-                                                strict=True))
+            (out_now, in_now), (out_then, in_then) = self.rt.file_bytes(), self.bytes_at_start
+            traffic.manager_out, traffic.manager_in = out_now - out_then, in_now - in_then
             traffic.kept, traffic.peer = self.kept.kept_bytes, self.kept.peer_bytes
             self.summary.wall_s = time.monotonic() - self.start
             self.summary.workers = self.rt.connected_workers()
