@@ -59,6 +59,9 @@ from datavine.coffea.report import (
     PartialResultWarning,
     skipped_message,
 )
+
+__all__ = ["BadFilesSkippedWarning", "CallRecord", "DatavineExecutor", "ExecutionReport",
+           "PartialResultWarning", "build_graph", "unwrap_automatic_retries"]
 from datavine.coffea.session import EmbeddedCluster
 from datavine.coffea.splitting import split_failed_items
 from datavine.coffea.tasks import (
@@ -120,7 +123,9 @@ class DatavineExecutor(ExecutorBase):
         report : where calls are recorded; shared with copies (``Runner`` runs copies).
         session : the embedded cluster, shared with copies (made when not given).
         status, unit, desc, compression, function_name : as for coffea's executors;
-            ``status`` shows datavine's progress bar on the embedded cluster.
+            ``status`` shows bars of submitted, processed and accumulated events (files
+            while preprocessing). Ctrl-C while processing returns the merge of the items
+            that finished, with a :class:`PartialResultWarning`.
     """
 
     cluster: Any = None
