@@ -269,3 +269,57 @@ def test_item_function_the_workers_cannot_load_names_the_fix(
         executor(list(range(3)), module.square, None)
     assert any("DatavineExecutor(pickle_by_value=('dv_client_only_fn',))" in note
                for note in info.value.__notes__)
+
+
+EXIT_SCRIPT = """
+import warnings
+from coffea import processor
+from coffea.nanoevents import NanoAODSchema
+from datavine.coffea import DatavineExecutor
+from datavine.samples import coffea_sample
+
+class Count(processor.ProcessorABC):
+    def process(self, events):
+        return {"events": len(events)}
+
+    def postprocess(self, accumulator):
+        return accumulator
+
+warnings.simplefilter("ignore")
+executor = DatavineExecutor(workers=2, status=False)
+run = processor.Runner(executor=executor, schema=NanoAODSchema)
+out = run({"dy": [str(coffea_sample("nano_dy"))]}, treename="Events", processor_instance=Count())
+print("events", out["events"])
+print("workers", *[p.pid for p in executor.session.cluster.workers.procs])
+"""
+
+
+@pytest.mark.taskvine
+def test_embedded_cluster_stopped_at_interpreter_exit(tmp_path: Path) -> None:
+    """A script that never closes its executor leaves no worker behind when it exits."""
+    import subprocess
+
+    script = tmp_path / "analysis.py"
+    script.write_text(EXIT_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert lines["events"] == "40"
+    sessions = [int(pid) for pid in lines["workers"].split()]
+    assert len(sessions) == 2
+    assert live_in_sessions(sessions) == []  # zombies, not yet reaped by init, are gone
+
+
+def live_in_sessions(sessions: list[int]) -> list[str]:
+    """Processes (not zombies) in the given sessions: each worker starts one of its own."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session
+        if int(fields[3]) in sessions and fields[0] != "Z":
+            live.append(text[:80])
+    return live
