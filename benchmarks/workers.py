@@ -132,13 +132,13 @@ def process_cpu_s() -> float:
 @contextlib.contextmanager
 def timed_decisions() -> Iterator[list[float]]:
     """Time datavine's decisions (planner, placement, caps) by wrapping those calls."""
-    from datavine import execution
-    from datavine.bundling import Planner
+    from datavine.dispatch import Dispatcher
     from datavine.memory import MemoryState
 
     spent = [0.0]
-    targets = [(Planner, "next_bundles"), (execution.GraphRun, "_place"),
-               (MemoryState, "cap_for"), (MemoryState, "dominant_category")]
+    # Dispatcher.fill: the planner's bundles, held or placed (topology views, decide)
+    targets = [(Dispatcher, "fill"), (MemoryState, "cap_for"),
+               (MemoryState, "dominant_category")]
     saved = [(cls, name, getattr(cls, name)) for cls, name in targets]
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -9,10 +9,11 @@ they are calibrated from (:mod:`.spec`), a simulated TaskVine manager and its wo
 memory policy (:class:`datavine.memory.MemoryState`) with that simulated facility
 (:mod:`.driver`), and what a run measured (:mod:`.results`, :mod:`.plot`).
 
-What does not: any scheduling decision of its own. The driver mirrors the imperative loop of
-:class:`datavine.execution.GraphRun` (fill free slots, hold or place each bundle, count
-in-flight bundles per target) and asks datavine's pure modules for every choice; only
-TaskVine's part (which free core a call matching its features lands on) is modelled here.
+What does not: any scheduling decision of its own. The driver dispatches through the same
+:class:`datavine.dispatch.Dispatcher` as :class:`datavine.execution.GraphRun` (fill free
+slots, hold or place each bundle, count in-flight bundles per target) and asks datavine's
+pure modules for every choice; only TaskVine's part (which free core a call matching its
+features lands on) is modelled here.
 
 ::
 

@@ -6,9 +6,10 @@ file, then merges of ``merge_fanin``), a :class:`~datavine.shards.ShardMap` of t
 nodes, a :class:`~datavine.topology.Topology` announcing every simulated worker by name (as
 ``LocalCluster`` and named pool workers do), and then repeats what
 :class:`datavine.execution.GraphRun` does on each turn of its loop: fill the free slots
-(``bundles_per_slot`` per core) with bundles from the :class:`~datavine.bundling.Planner`,
-hold or place each one with :func:`~datavine.placement.decide` (waits counted from the later
-of its arrival and its rack's last near bundle), cap it with
+(``bundles_per_slot`` per core) through datavine's :class:`~datavine.dispatch.Dispatcher`
+(bundles from the :class:`~datavine.bundling.Planner`, held or placed by
+:func:`~datavine.placement.decide`, waits counted from the later of its arrival and its
+rack's last near bundle), cap each with
 :class:`~datavine.memory.MemoryState`, and take results back (planner, topology, costs and
 memory learn from them). ``RunConfig(placement=None)`` is datavine locality-blind, as in
 ``benchmarks/locality.py``. TaskVine's part is :class:`~datavine.sim.taskvine.SimTaskVine`,
@@ -20,17 +21,17 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from datavine import execution
 from datavine.bundling import Bundle, CostModel, Planner
 from datavine.config import RunConfig
+from datavine.dispatch import Dispatcher
 from datavine.graph import TaskGraph
 from datavine.memory import GiveUp, MemoryState
-from datavine.placement import Placement, TaskInputs, Tier, decide
-from datavine.shards import Shard, ShardMap
+from datavine.placement import Placement
+from datavine.shards import Shard, ShardHealth, ShardMap
 from datavine.sim.events import EventQueue
 from datavine.sim.network import Network
 from datavine.sim.results import Recorder, SimResult
@@ -38,8 +39,6 @@ from datavine.sim.spec import GBPS, FacilitySpec, ManagerCost, Workload
 from datavine.sim.taskvine import SimCall, SimTaskVine, SimWorker
 from datavine.topology import ANYWHERE, Target, Topology
 
-# The loop's look-ahead past held bundles, as the runtime has it.
-LOOKAHEAD_FACTOR = getattr(execution, "LOOKAHEAD_FACTOR", 4)
 FILE_CATEGORY, MERGE_CATEGORY = "process-file", "merge"
 
 
@@ -127,13 +126,13 @@ class SimRun:
         self.tv = SimTaskVine(self.q, workers, self.cfg.cost, self._started, self._result,
                               seed=self.cfg.seed)
         self.net = Network(self._capacities())
+        self.dispatch = Dispatcher(self.planner, self.topology, self.run_cfg.placement,
+                                   self.shardmap, ShardHealth(),
+                                   self.run_cfg.bundles_per_slot)
         self.inflight: dict[int, _Inflight] = {}
-        self.held: list[tuple[Bundle, float]] = []
-        self.last_near: dict[str, float] = {}
         self.cap_override: dict[Any, float] = {}
         self.placement_tiers: Counter[str] = Counter()
         self.decision_s = 0.0
-        self.decisions = 0
         self.overruns = 0
         self.flows: dict[int, tuple[SimCall, float]] = {}  # flow id -> (call, merges' time)
         self.rec = Recorder(self, self.cfg.sample_s)
@@ -184,36 +183,11 @@ class SimRun:
             self.q.after(self.cfg.cost.wait_s, self._tick)
 
     def _submit(self) -> None:
-        now = self.q.now
+        """Fill the free slots through datavine's own :class:`~datavine.dispatch.Dispatcher`
+        (held bundles, delay scheduling, look-ahead), as the run loop does; the time its
+        decisions really take is charged to the manager (or ``decision_s`` per bundle)."""
         wall = time.perf_counter()
-        slots = max(1, self.tv.cores)
-        room = slots * self.run_cfg.bundles_per_slot - len(self.inflight)
-        if room <= 0:
-            return
-        lookahead = LOOKAHEAD_FACTOR * slots * self.run_cfg.bundles_per_slot
-        queue = deque(self.held)
-        self.held = []
-        out: list[tuple[Bundle, Target, Placement]] = []
-        while room > 0:
-            if not queue:
-                want = min(room, lookahead - len(self.held))
-                fresh = self.planner.next_bundles(want) if want > 0 else []
-                if not fresh:
-                    break
-                queue.extend((b, now) for b in fresh)
-            bundle, since = queue.popleft()
-            placement, home = self._place(bundle, now, since)
-            self.decisions += 1
-            if placement.action == "hold":
-                self.held.append((bundle, since))
-                continue
-            if home is not None and placement.tier > Tier.FAR:
-                self.last_near[home] = now
-            target = self.topology.target(placement)
-            self.topology.sent(target)
-            out.append((bundle, target, placement))
-            room -= 1
-        self.held.extend(queue)
+        out = self.dispatch.fill(self.q.now, self.tv.cores, len(self.inflight))
         spent = time.perf_counter() - wall
         self.decision_s += spent
         per = self.cfg.cost.decision_s
@@ -221,13 +195,9 @@ class SimRun:
         for bundle, target, placement in out:
             self._submit_bundle(bundle, target, placement)
 
-    def _place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
-        if not bundle.files or self.run_cfg.placement is None:
-            return Placement("run", Tier.FAR, reason="no input files, or placement is off"), None
-        task = TaskInputs.from_shardmap(bundle.files, self.shardmap)
-        home = task.home_rack()
-        waited = now - max(since, self.last_near.get(home, since)) if home else now - since
-        return decide(task, self.topology.views(), waited, self.run_cfg.placement), home
+    @property
+    def decisions(self) -> int:
+        return self.dispatch.decisions
 
     def _submit_bundle(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         categories = [self.graph.category(k) for k in bundle.keys]
