@@ -45,9 +45,9 @@ def entries(path: Path) -> int:
 def test_cli_run_writes_record_and_timeline(dataset: Path, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     record, png = tmp_path / "out" / "record.json", tmp_path / "out" / "timeline.png"
-    code = main(["--files", str(FILES), "--events-per-file", str(EVENTS), "--chunk-events",
-                 "10000", "--workers", "2", "--data", str(dataset), "--json", str(record),
-                 "--png", str(png)])
+    code = main(["--quick", "--files", str(FILES), "--events-per-file", str(EVENTS),
+                 "--chunk-events", "10000", "--workers", "2", "--data", str(dataset),
+                 "--json", str(record), "--png", str(png)])
     assert code == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("gbps=") and "files_processed=4" in last
@@ -192,3 +192,31 @@ def test_run_through_xcache_shards(dataset: Path) -> None:
     reads = report.summary["reads"]
     assert reads["opens"] == FILES and set(reads["by_server"]) <= {"xcache-0", "xcache-1"}
     assert reads["near_bytes"] + reads["far_bytes"] == report.bytes_read
+
+
+@pytest.mark.taskvine
+def test_passes_read_the_dataset_again_as_tasks_of_their_own(dataset: Path) -> None:
+    report = run_scale_test(ScaleTestConfig(files=FILES, events_per_file=EVENTS,
+                                            chunk_events=20_000, workers=2, passes=3,
+                                            data_dir=dataset))
+    assert report.chunks == 3 * FILES and report.chunks_failed == 0
+    assert report.events == report.events_expected == 3 * FILES * EVENTS
+    assert report.files_processed == FILES
+
+
+def test_cli_defaults_are_a_long_run_and_quick_is_short() -> None:
+    import argparse
+
+    from datavine.scaletest.cli import LONG, add_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    long_run = config_from_args(parser.parse_args([]))
+    quick = config_from_args(parser.parse_args(["--quick"]))
+    mine = config_from_args(parser.parse_args(["--quick", "--passes", "2", "--files", "3"]))
+    assert (long_run.files, long_run.events_per_file, long_run.passes) == (
+        LONG.files, LONG.events_per_file, LONG.passes)
+    assert long_run.files * long_run.events_per_file * long_run.passes >= 30_000_000
+    assert (quick.files, quick.events_per_file, quick.passes) == (8, 100_000, 1)
+    assert (mine.files, mine.events_per_file, mine.passes) == (3, 100_000, 2)
+

@@ -111,9 +111,10 @@ class ScaleReport:
 
 def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: float,
                  workers: int, cores: int, summary: Any = None, n_chunks: int | None = None,
-                 bin_s: float | None = None) -> ScaleReport:
+                 bin_s: float | None = None, passes: int = 1) -> ScaleReport:
     """The report of a run whose processing started at epoch time ``t0`` and took
-    ``wall_s``; ``workers`` and ``cores`` are the pool's size during the run."""
+    ``wall_s``; ``workers`` and ``cores`` are the pool's size during the run; ``passes``:
+    how many times the dataset was read."""
     records = tally.records
     failed_files = _failed_files(infos, records)
     bad = {f["file"] for f in failed_files}
@@ -126,7 +127,7 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
         files=len(infos), files_processed=sum(1 for i in infos if i.path not in bad),
         files_failed=len(bad), failed_files=failed_files, chunks=n_chunks,
         chunks_failed=sum(1 for r in records if r.error), events=events,
-        events_expected=sum(i.entries for i in infos if i.error is None),
+        events_expected=passes * sum(i.entries for i in infos if i.error is None),
         events_selected=tally.result.events_selected, bytes_read=bytes_read,
         branch_bytes=tally.result.bytes_read,
         wall_s=wall_s, gbps=bytes_read * 8 / wall_s / 1e9 if wall_s > 0 else 0.0,
