@@ -122,17 +122,32 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_sigterm_raises_terminated_and_restores_the_handler() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Terminated) as info, terminate_gracefully():
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # interrupted by the handler
-    assert info.value.exit_code == 128 + signal.SIGTERM
-    assert isinstance(info.value, KeyboardInterrupt)
-    assert signal.getsignal(signal.SIGTERM) == before
+def test_sigterm_raises_terminated_once_and_is_handled() -> None:
+    """Raised in the main thread, a second signal ignored while it unwinds; ``handled()``
+    gives the defaults back (a cluster fixture may have the handler installed already)."""
     from datavine import signals
 
-    signals.handled()  # this test process must not die by the signal at exit
+    before = {sig: signal.getsignal(sig) for sig in signals.SIGNALS}
+    try:
+        with pytest.raises(Terminated) as info, terminate_gracefully():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # interrupted by the handler
+        assert info.value.exit_code == 128 + signal.SIGTERM
+        assert isinstance(info.value, KeyboardInterrupt)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # cleanup is not cut short
+    finally:
+        signals.handled()  # this test process must not die by the signal at exit
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert not signals._pending
+
+
+def test_terminate_gracefully_restores_what_it_found() -> None:
+    before = signal.getsignal(signal.SIGHUP)
+    with terminate_gracefully():
+        inside = signal.getsignal(signal.SIGHUP)
+    assert signal.getsignal(signal.SIGHUP) == before
+    assert inside not in (signal.SIG_DFL, None) or before not in (signal.SIG_DFL, None)
 
 
 def test_unhandled_terminated_dies_by_the_signal_after_cleanup(tmp_path: Path) -> None:

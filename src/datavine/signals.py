@@ -21,7 +21,6 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -52,8 +51,11 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 
 def handled() -> None:
-    """The program caught :class:`Terminated` and exits with a status of its own."""
+    """The program caught :class:`Terminated` and decides its own exit status: it is not
+    killed by the signal at exit, and the signals' default actions are back."""
     _pending.clear()
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _die_by_signal() -> None:
@@ -65,29 +67,22 @@ def _die_by_signal() -> None:
         os.kill(os.getpid(), signum)
 
 
-_depth = 0  # nested activations (a CLI command holding a LocalCluster)
-
-
 @contextlib.contextmanager
 def terminate_gracefully() -> Iterator[None]:
     """Within the block, SIGTERM/SIGHUP raise :class:`Terminated` in the main thread.
 
     Does nothing off the main thread, or for a signal whose handler is not the default
     (the application chose its own)."""
-    global _depth
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous: dict[int, Any] = {}
-    for sig in SIGNALS:
-        current = signal.getsignal(sig)
-        if current in (signal.SIG_DFL, None) or (current is _raise_terminated and _depth == 0):
-            previous[sig] = current
+    at_entry = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig, current in at_entry.items():
+        if current in (signal.SIG_DFL, None):
             signal.signal(sig, _raise_terminated)
-    _depth += 1
     try:
         yield
     finally:
-        _depth -= 1
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if not _pending:  # else a Terminated unwinds: SIG_IGN stays while it cleans up
+            for sig, handler in at_entry.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
