@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         by = {label: r for label, r, _ in runs}
         link = 80.0
         plot_runs([(label, r) for label, r, _ in runs], args.png, link_gbps=link,
-                  title=f"datavine's own decisions on a simulated facility: {by['blind'].cores:,}"
+                  title=f"datavine's own decisions on a simulated facility:\n{by['blind'].cores:,}"
                         f" cores in 2 racks, 8 XCache nodes, {args.files:,} files, "
                         f"{link:.0f} Gbps between racks{' per direction' if args.duplex else ''}")
         print(f"# picture: {args.png}")
