@@ -108,3 +108,30 @@ def test_local_pool_workers_are_named_warmed_and_get_their_files_back(tmp_path: 
         # the second run sends each file's task to the pool worker that read it
         assert summary.placement == {"cached": 8}
         assert runs[1] == runs[0]
+
+
+@pytest.mark.taskvine
+def test_a_worker_that_joins_the_pool_is_warmed_before_the_next_run(tmp_path: Path) -> None:
+    import json
+
+    import dask
+    from dask import delayed
+
+    from datavine.facility import Facility, FacilityCluster, PoolSettings
+
+    pool = PoolSettings(name="t-join", batch="local", workers=2, min_workers=1, rack="r",
+                        idle_timeout_s=120, factory_period_s=1)
+    facility = Facility(path=tmp_path / "f.toml", manager=ManagerConfig(run_dir=tmp_path / "m"),
+                        run=RunConfig(memory=None, no_worker_timeout_s=60), pools=(pool,),
+                        workers_timeout_s=90)
+    with FacilityCluster(facility, pool_dir=tmp_path / "pools") as cluster:
+        assert cluster.warm_report is not None and len(cluster.warm_report.warm) == 1
+        # the factory re-reads its config each period: a pool scaled up by editing it
+        config = cluster.pools[0].scratch_dir / "factory.json"
+        doc = json.loads(config.read_text())
+        config.write_text(json.dumps({**doc, "min-workers": 2}))
+        cluster.runtime.wait_for_workers(2, 90)
+        assert dask.compute(delayed(sum)([1, 2]), scheduler=cluster.get)[0] == 3
+        names = set(cluster.pools[0].worker_names())
+        assert len(names) == 2 and cluster.warm_report.warm == names
+        assert all(cluster.runtime.topology.workers[n].named for n in names)

@@ -331,6 +331,9 @@ def _local_workers(table: Any, path: Path) -> LocalWorkersConfig | None:
     return _build(LocalWorkersConfig, values, path, "local_workers")
 
 
+WARM_JOINED_S = 30.0  # how long a run waits for the libraries of workers that joined
+
+
 class FacilityCluster(Cluster):
     """A manager whose workers come from the facility's pools (started and stopped here)."""
 
@@ -361,6 +364,14 @@ class FacilityCluster(Cluster):
         if self.warm_up and self.pools:
             self.warm_report = warm_pools(self._rt, self.pools, self.facility.workers_timeout_s)
         return self
+
+    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        """The dask scheduler callable; workers that joined the pools since the last look
+        (more connected than warm) get their library started first."""
+        report = self.warm_report
+        if report is not None and self._rt.connected_workers() > len(report.warm):
+            self.warm_report = warm_pools(self._rt, self.pools, WARM_JOINED_S)
+        return super().get(dsk, keys, **kwargs)
 
     def close(self) -> None:
         for pool in reversed(self.pools):

@@ -6,7 +6,8 @@ tell placement which worker is which (rack, cores).
 core to each (``Runtime.warm_up``: the worker starts the library and imports
 ``RunConfig.preload``) and announces those that answered to the runtime's topology, so that
 the first bundles can already go to "the worker in the file's rack" or "the worker that read
-it". Workers that join later start their library with their first bundle, as before.
+it". :class:`~datavine.facility.FacilityCluster` does it at start, and again before a run
+when more workers are connected than are warm (workers that joined the pools since).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class WarmReport:
 
 
 def warm_pools(runtime: Any, pools: Sequence[FactoryPool], timeout_s: float) -> WarmReport:
-    """Start the library on the pools' running named workers and announce them."""
+    """Start the library on the pools' running named workers and announce them (those warm
+    already answer at once; the runtime re-warms this set after a library restart)."""
     report = WarmReport()
     where: dict[str, tuple[str | None, int]] = {}
     for pool in pools:
