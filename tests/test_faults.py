@@ -95,15 +95,14 @@ def test_bad_input_file_is_named_and_not_retried(kind: str, tmp_path: Path) -> N
 
 
 @pytest.mark.xcache
-def test_shard_stopped_mid_run(xcache_testbed: Any) -> None:
-    from tests.fixtures_xcache import N_EVENTS, xcache_lfns
+def test_shard_stopped_mid_run(xcache_tools: None, xcache_data: Path) -> None:
+    """On a testbed of its own (the session's testbed keeps its caches for other tests)."""
+    from datavine.xcache.testbed import XCacheTestbed
+    from tests.fixtures_xcache import N_EVENTS, RACKS, xcache_lfns
 
     lfns = xcache_lfns()
-    try:
-        result = faults.shard_stopped(xcache_testbed, lfns, N_EVENTS * len(lfns))
-    finally:
-        for index in range(len(xcache_testbed.shards)):
-            xcache_testbed.start_shard(index)
+    with XCacheTestbed(xcache_data, n_shards=len(RACKS), racks=RACKS) as testbed:
+        result = faults.shard_stopped(testbed, lfns, N_EVENTS * len(lfns))
     check(result)
     assert "failovers" in result.outcome and "FAILED" not in result.outcome
 
