@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from datavine import cli_types
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
+from datavine.local_workers import default_workers
 from datavine.reaper import temporary_directory
 from datavine.signals import Terminated, handled, terminate_gracefully
 
@@ -51,10 +52,6 @@ RACKS = ("A", "B")
 class RunError(DatavineError):
     """The main job cannot go on; the message names the file or setting."""
 
-
-def default_workers() -> int:
-    """One 1-core worker per core this process may run on."""
-    return max(1, len(os.sched_getaffinity(0)))
 
 
 def add_run_command(subparsers: argparse._SubParsersAction) -> None:

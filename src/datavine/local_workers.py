@@ -53,6 +53,11 @@ def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
     return cmd
 
 
+def default_workers() -> int:
+    """One 1-core local worker per core this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
 def local_worker_id(index: int) -> str:
     """The name of local worker ``index``: ``local-<index>``."""
     return f"local-{index}"

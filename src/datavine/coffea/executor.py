@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
 import re
 import time
 import uuid
@@ -59,6 +58,7 @@ from datavine.coffea.report import (
     PartialResultWarning,
     skipped_message,
 )
+from datavine.local_workers import default_workers
 
 __all__ = ["BadFilesSkippedWarning", "CallRecord", "DatavineExecutor", "ExecutionReport",
            "PartialResultWarning", "build_graph", "unwrap_automatic_retries"]
@@ -80,10 +80,6 @@ from datavine.graph import Key, add_merge_tree
 LIBRARY_PRELOAD = ("coffea.processor", "coffea.nanoevents", "coffea.nanoevents.methods.nanoaod",
                    "datavine.coffea.tasks", "hist")
 
-
-def default_workers() -> int:
-    """One 1-core worker per core this process may run on."""
-    return max(1, len(os.sched_getaffinity(0)))
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Any
 from datavine.config import ConfigError
 from datavine.errors import DatavineError
 from datavine.graph import Key, add_merge_tree
+from datavine.local_workers import default_workers
 from datavine.reaper import temporary_directory
 from datavine.scaletest.report import ScaleReport, build_report
 from datavine.scaletest.tasks import FileInfo, Tally, file_info, merge_tallies, run_chunk
@@ -119,7 +120,7 @@ class ScaleTestConfig:
 
     @property
     def n_workers(self) -> int:
-        return self.workers or max(1, len(os.sched_getaffinity(0)))
+        return self.workers or default_workers()
 
 
 def run_scale_test(config: ScaleTestConfig, cluster: Any = None) -> ScaleReport:
