@@ -183,3 +183,39 @@ def test_worker_killed_while_holding_values(tmp_path: Any) -> None:
     assert summary.lost_workers, summary.lines()
     # whatever it held was made again (or nothing it held was still needed)
     assert summary.recomputed >= 0 and summary.tasks >= len(dsk)
+
+
+def make_or_stall(i: int) -> Any:
+    import numpy as np
+
+    time.sleep(0.2 if i < 6 else 60)
+    return np.full(64 * 1024, float(i))  # 512 KiB: kept on the worker
+
+
+@pytest.mark.taskvine
+def test_interrupted_run_hands_kept_values_to_the_result_hook(tmp_path: Any) -> None:
+    """Ctrl-C: the values still kept on workers are fetched for the result hook (the coffea
+    executor merges what finished from them) before they are dropped."""
+    import os
+    import signal
+
+    import datavine
+
+    dsk: dict[Any, Any] = {("stall", i): (make_or_stall, i) for i in range(8)}
+    final = graphs.add_merge_tree(dsk, list(dsk), 2, key=lambda d, j: ("add", d, j),
+                                  task=lambda keys: (add_arrays, *keys))
+    seen: dict[Any, Any] = {}
+    run = datavine.RunConfig(max_bundle_tasks=1, target_bundle_s=0.001)
+    with datavine.LocalCluster(workers=2, cores=1, run=run,
+                               manager=datavine.ManagerConfig(run_dir=tmp_path)) as cluster:
+        cluster.runtime.result_hook = lambda keys, values: seen.update(values)
+        timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            cluster.get(dsk, [final])
+        timer.join()
+    assert seen, "no kept value reached the hook"
+    for key, value in seen.items():  # each is the right value: an item or a sum of items
+        width = 2 ** (key[1] + 1) if key[0] == "add" else 1  # leaves under a merge
+        items = [key[1]] if key[0] == "stall" else range(width * key[2], width * (key[2] + 1))
+        assert float(value[0]) == sum(items), (key, float(value[0]))

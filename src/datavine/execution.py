@@ -112,6 +112,9 @@ class GraphRun:
                             f"run of {len(self.graph)} tasks did not finish within "
                             f"{self.cfg.timeout_s:.0f} s (RunConfig.timeout_s); "
                             f"{len(self.planner.done)} tasks done")
+        except KeyboardInterrupt:
+            self._salvage()
+            raise
         finally:
             self._cancel_inflight()
             self.kept.clear()
@@ -219,6 +222,17 @@ class GraphRun:
                                    else "anywhere"] += 1
 
     # --- results -------------------------------------------------------------------------
+    def _salvage(self) -> None:
+        """Interrupted: hand the result hook the values still kept on workers (the coffea
+        executor merges what finished), fetched before their temps are dropped."""
+        hook = getattr(self.rt, "result_hook", None)
+        if hook is None:
+            return
+        for key, held in list(self.kept.held.items()):
+            data = self.rt.fetch(held.file)
+            if data is not None:
+                hook([], {key: cloudpickle.loads(data)})
+
     def _forget(self, task_id: int, *, succeeded: bool = False) -> Inflight | None:
         entry = self.inflight.pop(task_id, None)
         if entry is not None:

@@ -364,6 +364,20 @@ class Runtime:
         """A TaskVine temp file: made by a call, kept in its worker's cache."""
         return self._m.declare_temp()
 
+    def fetch(self, file: Any) -> bytes | None:
+        """The bytes of a temp file, brought from the worker holding it (blocking), or None
+        when no worker has them."""
+        try:
+            self._m.fetch_file(file)  # loads them into the file object (returns a C string)
+        except UnicodeDecodeError:
+            pass  # loaded all the same: binary data does not decode as text
+        except Exception:
+            return None
+        try:
+            return bytes(file.contents())
+        except Exception:
+            return None
+
     def undeclare(self, file: Any) -> None:
         """Forget a file: workers delete their replicas."""
         self._m.undeclare_file(file)
