@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from datavine.runtime import Finished, Runtime
 
 Key = Hashable
+SALVAGE_S = 15.0  # at most this long fetching kept values after Ctrl-C
 REFRESH_S = 1.0  # how often workers are sampled and the library's health is checked
 TASK_READY = "READY"  # Task.state (a string): submitted, not dispatched to a worker yet
 
@@ -228,9 +229,15 @@ class GraphRun:
         hook = getattr(self.rt, "result_hook", None)
         if hook is None:
             return
+        deadline = time.monotonic() + SALVAGE_S
+        failed: set[str | None] = set()  # a worker that did not answer is not asked again
         for key, held in list(self.kept.held.items()):
+            if held.worker in failed or time.monotonic() > deadline:
+                continue
             data = self.rt.fetch(held.file)
-            if data is not None:
+            if data is None:
+                failed.add(held.worker)
+            else:
                 hook([], {key: cloudpickle.loads(data)})
 
     def _forget(self, task_id: int, *, succeeded: bool = False) -> Inflight | None:
