@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from datavine.sessions import (
+    kill_session,
+    live_processes,
+    proc_stat,
+    session_pids,
+    signal_session,
+)
 
 TASKS, NAP_S, WORKERS = 30, 0.3, 3  # the workload: ~3 s of work on 3 workers
 FAULT_AT_S = 1.0  # into the run
@@ -83,35 +92,16 @@ def nap_graph(n: int = TASKS, seconds: float = NAP_S,
 
 
 # --- processes -------------------------------------------------------------------------------
-def _stat(pid: int) -> tuple[int, int, str] | None:
-    """(ppid, session, state) of ``pid``, or None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[1]), int(fields[3]), fields[0]
-
-
 def live_in_sessions(sids: set[int]) -> list[int]:
     """Live (not zombie) processes whose session is one of ``sids``."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            info = _stat(int(entry.name))
-            if info is not None and info[1] in sids and info[2] != "Z":
-                out.append(int(entry.name))
-    return out
+    return [pid for pid, (_, sid) in live_processes().items() if sid in sids]
 
 
 def descendants(root: int) -> set[int]:
     """Live processes below ``root`` (by parent links), ``root`` excluded."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            info = _stat(int(entry.name))
-            if info is not None and info[2] != "Z":
-                children.setdefault(info[0], []).append(int(entry.name))
+    for pid, (ppid, _) in live_processes().items():
+        children.setdefault(ppid, []).append(pid)
     found, todo = set(), [root]
     while todo:
         for child in children.get(todo.pop(), ()):
@@ -130,11 +120,9 @@ def cmdline(pid: int) -> str:
 
 def library_pids(worker_pid: int) -> tuple[list[int], list[int]]:
     """(library processes, their capped children) of one local worker."""
-    from datavine.sessions import session_pids
-
     python = [p for p in session_pids(worker_pid)
               if "library_code.py" in cmdline(p) and not cmdline(p).startswith("sh ")]
-    libraries = [p for p in python if (_stat(p) or (0, 0, ""))[0] not in python]
+    libraries = [p for p in python if (proc_stat(p) or (0, 0, ""))[0] not in python]
     children = [p for p in python if p not in libraries]
     return libraries, children
 
@@ -169,8 +157,6 @@ def in_cluster(name: str, inject: Callable[[Any], None] | None, *, expect: type 
     ``FAULT_AT_S`` into the run. Recovered: the result is right (or ``expect`` was raised,
     its message and notes containing ``naming``) and ``after`` (a check on the still-open
     cluster) passes."""
-    import shutil
-
     import datavine
 
     dsk, total = graph or nap_graph()
@@ -231,14 +217,10 @@ def kill_worker_alone(cluster: Any) -> None:
 
 
 def kill_worker_session(cluster: Any) -> None:
-    from datavine.sessions import kill_session
-
     kill_session(_worker0(cluster))
 
 
 def freeze_worker(cluster: Any) -> None:
-    from datavine.sessions import signal_session
-
     signal_session(_worker0(cluster), signal.SIGSTOP)  # a node that stops answering
 
 
@@ -316,7 +298,7 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
         def sessions() -> set[int]:
             for pid in descendants(proc.pid):
                 seen.add(pid)
-            return {s for p in seen if (info := _stat(p)) and (s := info[1]) != proc.pid and
+            return {s for p in seen if (info := proc_stat(p)) and (s := info[1]) != proc.pid and
                     s != os.getsid(0)}
 
         try:
@@ -350,8 +332,6 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
         for pid in left:  # the test must not leave them either
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     expected = (128 + sig, -sig)  # its own exit code, or death by the signal itself
     ok = proc.returncode in expected and not left and not files and len(sids) >= ready_sessions
@@ -364,8 +344,6 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
 
 def freeze_one_worker(sessions: set[int]) -> None:
     """SIGSTOP the session of one of the client's workers (its reaper's is left alone)."""
-    from datavine.sessions import signal_session
-
     workers = sorted(s for s in sessions if "vine_worker" in cmdline(s))
     signal_session(workers[0], signal.SIGSTOP)
 
@@ -472,8 +450,6 @@ def condor_worker_removed(password_file: Path, pool_dir: Path | None = None) -> 
             outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         left = condor_exec("condor_q", "-allusers", "-constraint", constraint, "-af",
                            "ClusterId").stdout.split()
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     return FaultResult("HTCondor worker job removed", ok and not left, seconds, outcome,
                        len(left), 0)

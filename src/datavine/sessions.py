@@ -20,19 +20,31 @@ from pathlib import Path
 PROC = Path("/proc")
 
 
+def proc_stat(pid: int) -> tuple[int, int, str] | None:
+    """(parent PID, session id, state letter) of ``pid``, or None when it is gone."""
+    try:
+        stat = Path(PROC, str(pid), "stat").read_text()
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
+        fields = stat[stat.rindex(")") + 2:].split()
+        return int(fields[1]), int(fields[3]), fields[0]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def live_processes() -> dict[int, tuple[int, int]]:
+    """Every live (not zombie) process: PID -> (parent PID, session id)."""
+    found = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            info = proc_stat(int(entry.name))
+            if info is not None and info[2] != "Z":
+                found[int(entry.name)] = info[:2]
+    return found
+
+
 def session_pids(sid: int) -> list[int]:
     """PIDs of the live processes whose session id is ``sid`` (zombies excluded)."""
-    found = []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_text()
-            # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[3]) == sid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
+    return [pid for pid, (_, session) in live_processes().items() if session == sid]
 
 
 def signal_session(sid: int, sig: int) -> int:
