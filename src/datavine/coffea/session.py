@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from datavine.reaper import temporary_directory
 
 
 class EmbeddedCluster:
@@ -42,9 +43,8 @@ class EmbeddedCluster:
             if self._cluster is None:
                 stack = contextlib.ExitStack()
                 try:
-                    run_dir = stack.enter_context(tempfile.TemporaryDirectory(
-                        prefix="datavine-coffea-", ignore_cleanup_errors=True))
-                    cluster = make(Path(run_dir))
+                    run_dir = stack.enter_context(temporary_directory("datavine-coffea-"))
+                    cluster = make(run_dir)
                     stack.enter_context(cluster)
                 except BaseException:
                     stack.close()
