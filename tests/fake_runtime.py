@@ -20,12 +20,9 @@ from typing import Any
 import cloudpickle
 
 from datavine import remote
-from datavine.bundling import CostModel
 from datavine.config import RunConfig
-from datavine.memory import MemoryState
+from datavine.run_state import Learned
 from datavine.runtime import Finished
-from datavine.shards import ShardHealth
-from datavine.topology import Topology
 
 # script(call number, spec) -> a result dict to return instead, "lost" (the worker died
 # under the call), or None (run it for real)
@@ -48,10 +45,7 @@ class FakeRuntime:
         self.run_config = run
         self.workers = [f"127.0.0.1:{9000 + i}" for i in range(workers)]
         self.script = script or (lambda n, spec: None)
-        self.costs = CostModel()
-        self.memory = MemoryState(run.memory) if run.memory is not None else None
-        self.topology = Topology(run.bundles_per_slot)
-        self.shard_health = ShardHealth()
+        self.learned = Learned.fresh(run)
         self.last_summary: Any = None
         self.port = 9123
         self.declared: set[FakeFile] = set()

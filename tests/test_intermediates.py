@@ -177,10 +177,16 @@ def test_worker_killed_while_holding_values(tmp_path: Any) -> None:
                              timeout_s=180)
     with datavine.LocalCluster(workers=3, cores=1, run=run,
                                manager=datavine.ManagerConfig(run_dir=tmp_path)) as cluster:
-        killer = threading.Timer(2.5, cluster.workers.kill, (0,))
-        killer.start()
+        done: list[Any] = []
+
+        def kill_when_values_are_kept(keys: list[Any], values: dict[Any, Any]) -> None:
+            # after a quarter of the leaves (not at a set time: a fast run would end first)
+            done.extend(k for k in keys if k[0] == "make")
+            if len(done) >= 6 and cluster.workers.alive() == 3:
+                cluster.workers.kill(0)
+
+        cluster.runtime.result_hook = kill_when_values_are_kept
         (value,) = cluster.get(dsk, [final])
-        killer.join()
         summary = cluster.last_summary
     assert value[0] == sum(range(24))
     assert summary.lost_workers, summary.lines()

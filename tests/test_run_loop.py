@@ -129,7 +129,7 @@ def test_shard_failure_is_retried_and_cools_the_shard() -> None:
     assert rt.last_summary.reads.failovers == 1
     import time
 
-    assert "xcache-1" in rt.shard_health.failed(time.monotonic())
+    assert "xcache-1" in rt.learned.shard_health.failed(time.monotonic())
 
 
 def test_time_limit_is_retried_once_then_raised() -> None:

@@ -4,7 +4,8 @@
 single function, :func:`datavine.remote.run_bundle`, runs bundles of dask tasks in 'direct'
 mode, and what a manager learns across runs: task costs, memory peaks per category, and the
 workers it has seen (:class:`datavine.topology.Topology`). ``Runtime.get`` is a dask
-scheduler; each call is one :class:`datavine.execution.GraphRun`.
+scheduler; each call is one :class:`datavine.execution.GraphRun`, which drives one
+:class:`datavine.run_state.RunState`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from datavine.errors import (
 from datavine.execution import GraphRun
 from datavine.labels import worker_feature
 from datavine.memory import MemoryState
+from datavine.run_state import Learned
 from datavine.shards import ShardHealth
 from datavine.summary import RunSummary
 from datavine.topology import Topology
@@ -184,15 +186,28 @@ class Runtime:
         self._addrports: set[str] = set()  # workers connected at the last status
         self.requeues = RequeueLog(self.info_dir / "vine-logs" / "transactions")
         self._calls: dict[int, Any] = {}  # bundles' calls in TaskVine, by task id
-        self.costs = CostModel()
-        policy = self.run_config.memory
-        self.memory = MemoryState(policy) if policy is not None else None
-        self.topology = Topology(self.run_config.bundles_per_slot)
-        self.shard_health = ShardHealth()  # shards the workers saw failing, for placement
+        self.learned = Learned.fresh(self.run_config)  # handed to each run
         self.last_summary: RunSummary | None = None
         self._last_status = 0.0
         for module in self.run_config.pickle_by_value:
             cloudpickle.register_pickle_by_value(importlib.import_module(module))
+
+    # --- what runs learned ------------------------------------------------------------------
+    @property
+    def costs(self) -> CostModel:
+        return self.learned.costs
+
+    @property
+    def memory(self) -> MemoryState | None:
+        return self.learned.memory
+
+    @property
+    def topology(self) -> Topology:
+        return self.learned.topology
+
+    @property
+    def shard_health(self) -> ShardHealth:
+        return self.learned.shard_health
 
     # ----------------------------------------------------------------------------------------
     @property
