@@ -3,10 +3,10 @@
 The data (``--events`` in all, ``--files`` files, per compression) is generated once into
 ``--data-dir`` (default ``build/bench-data``, outside git) and reused; every file is read
 once before any clock starts so that all peers find it in the page cache. The graph is one
-:func:`datavine.analysis.agc.process_item` task per chunk of ~``--chunk-events`` events and
+:func:`datavine.apps.analysis.agc.process_item` task per chunk of ~``--chunk-events`` events and
 a tree of merges (fan-in 8). Peers, each with its workers started before its clock:
 
-- plain loop: :func:`~datavine.analysis.agc.run_plain_loop` in this process (one core);
+- plain loop: :func:`~datavine.apps.analysis.agc.run_plain_loop` in this process (one core);
   it is the reference result and the single-core rate;
 - plain loops, static split: ``workers * cores`` pre-started processes each run the plain
   loop over an equal share of the chunks: what the machine's cores really give together
@@ -49,8 +49,8 @@ import dask
 import dask.multiprocessing
 import dask.threaded
 
-from datavine.analysis import agc
-from datavine.datagen import generate_dataset
+from datavine.apps.analysis import agc
+from datavine.io.datagen import generate_dataset
 
 PEERS = ("plain_loop", "split_loops", "threads", "processes", "distributed", "daskvine_fc",
          "datavine", "datavine_nocap")

@@ -7,7 +7,7 @@ two filesets:
   ``nano_dimuon``) in small chunks (``--samples-chunksize``): many tiny items, so the
   executors' own costs dominate;
 - ``generated``: ``--files`` x ``--events-per-file`` NanoAOD-like events made by
-  :mod:`datavine.datagen` (ZSTD) into ``build/bench-data/coffea`` (kept, outside git), read
+  :mod:`datavine.io.datagen` (ZSTD) into ``build/bench-data/coffea`` (kept, outside git), read
   once before any clock starts so that every executor finds them in the page cache. This
   is the headline fileset.
 
@@ -60,8 +60,8 @@ sys.path.append(str(HERE))
 import common  # noqa: E402
 
 from datavine.coffea import DatavineExecutor  # noqa: E402
-from datavine.datagen import generate_dataset  # noqa: E402
-from datavine.samples import coffea_sample  # noqa: E402
+from datavine.io.datagen import generate_dataset  # noqa: E402
+from datavine.io.samples import coffea_sample  # noqa: E402
 
 SAMPLES = ("nano_dy", "nano_tt_v12", "nano_dimuon")
 PEERS = ("iterative", "futures", "taskvine", "datavine")
@@ -133,9 +133,9 @@ def taskvine_workers(workers: int) -> Iterator[tuple[int, Path]]:
     free port with a fresh password; coffea's TaskVineExecutor starts that manager."""
     import socket
 
-    from datavine.cluster import make_password_file
     from datavine.config import LocalWorkersConfig
-    from datavine.local_workers import LocalWorkers
+    from datavine.deploy.local_workers import LocalWorkers
+    from datavine.manager.cluster import make_password_file
 
     where = common.run_dir("coffea-taskvine")
     password = make_password_file(where)

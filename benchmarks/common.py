@@ -150,9 +150,9 @@ def daskvine(workers: int, cores: int, *, timeout_s: float = 60.0) -> Iterator[A
     """
     from ndcctools.taskvine import DaskVine
 
-    from datavine.cluster import make_password_file
     from datavine.config import LocalWorkersConfig
-    from datavine.local_workers import LocalWorkers
+    from datavine.deploy.local_workers import LocalWorkers
+    from datavine.manager.cluster import make_password_file
 
     where = run_dir("daskvine")
     password = make_password_file(where)

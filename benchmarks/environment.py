@@ -33,7 +33,8 @@ import ndcctools.taskvine as vine
 import psutil
 
 from datavine.config import LocalWorkersConfig
-from datavine.environment import (
+from datavine.deploy.local_workers import LocalWorkers
+from datavine.manager.environment import (
     MANAGER_TUNES,
     EnvSpec,
     PackedEnv,
@@ -41,7 +42,6 @@ from datavine.environment import (
     pack_environment,
     use_environment,
 )
-from datavine.local_workers import LocalWorkers
 
 REPO = Path(__file__).resolve().parents[1]
 SLIM = ("datavine", "numpy", "cloudpickle", "awkward", "uproot", "dask")

@@ -1,4 +1,4 @@
-"""Benchmark: the facility model (datavine.sim) at the 200 Gbps challenge's size, and the
+"""Benchmark: the facility model (datavine.apps.sim) at the 200 Gbps challenge's size, and the
 model checked against a real run on this host.
 
 Part 1, the facility (simulated): 2 racks x 50 workers x 25 cores (2,500 cores), 8 XCache
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import common
 
-from datavine.sim import FacilitySpec, ManagerCost, SimConfig, SimResult, Workload, simulate
-from datavine.sim.plot import plot_runs
+from datavine.apps.sim import FacilitySpec, ManagerCost, SimConfig, SimResult, Workload, simulate
+from datavine.apps.sim.plot import plot_runs
 
 VALIDATE_DIR = common.REPO / "build" / "sim-validate" / "zstd-24x250k"
 
@@ -82,9 +82,9 @@ def validate(repeat: int) -> dict[str, float]:
     import dask
 
     import datavine
-    from datavine.analysis import agc
-    from datavine.analysis.sources import LocalFiles, analysis_graph
-    from datavine.datagen import generate_dataset
+    from datavine.apps.analysis import agc
+    from datavine.apps.analysis.sources import LocalFiles, analysis_graph
+    from datavine.io.datagen import generate_dataset
 
     files = [p.resolve() for p in generate_dataset(VALIDATE_DIR, 24, 250_000, "zstd", seed=7)]
     size = sum(p.stat().st_size for p in files)

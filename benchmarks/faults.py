@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/faults.py [--only NAME ...] [--json FILE]
 
 Runs a fault-free baseline of the workload (30 tasks of 0.3 s on 3 local workers, see
-:mod:`datavine.faults`), then each fault on a fresh cluster: a worker SIGKILLed alone (its
+:mod:`datavine.apps.faults`), then each fault on a fresh cluster: a worker SIGKILLed alone (its
 transfer server keeps the manager's connection) and with its whole session, a frozen worker
 (SIGSTOP), its library and its capped child SIGKILLed, an XCache shard stopped mid-run, a
 runaway task under a time limit, a run that times out (is the cluster usable at once?), a
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from datavine import faults
+from datavine.apps import faults
+from datavine.apps.faults import FaultResult
 from datavine.errors import RunTimeoutError, TaskTimeLimitError
-from datavine.faults import FaultResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def condor_scenario(scratch: Path) -> FaultResult:
     import secrets
     import subprocess
 
-    from datavine.pools.condor import pool_missing, scripts_dir
+    from datavine.deploy.pools.condor import pool_missing, scripts_dir
 
     started = False
     if pool_missing():
@@ -96,7 +96,7 @@ def condor_scenario(scratch: Path) -> FaultResult:
 def shard_scenario(scratch: Path) -> FaultResult:
     from tests.fixtures_xcache import N_EVENTS, _write_tree, xcache_lfns
 
-    from datavine.xcache.testbed import XCacheTestbed
+    from datavine.io.xcache.testbed import XCacheTestbed
 
     data = scratch / "xcache-data"
     lfns = xcache_lfns()

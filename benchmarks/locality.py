@@ -44,9 +44,9 @@ import common  # this script's folder is on sys.path when it runs
 import dask
 
 import datavine
-from datavine.analysis import agc
-from datavine.analysis.sources import to_origin
-from datavine.datagen import generate_dataset
+from datavine.apps.analysis import agc
+from datavine.apps.analysis.sources import to_origin
+from datavine.io.datagen import generate_dataset
 
 SHARD_RACKS = ("rack-a", "rack-a", "rack-b", "rack-b")
 WORKER_RACKS = ("rack-a", "rack-b")
@@ -225,7 +225,7 @@ def dataset(args: argparse.Namespace) -> tuple[Path, list[Path]]:
 
 def open_mode(name: str, root: Path, chunks: list[agc.Chunk], stack: contextlib.ExitStack,
               ) -> Mode:
-    from datavine.xcache.testbed import XCacheTestbed
+    from datavine.io.xcache.testbed import XCacheTestbed
 
     tb = stack.enter_context(XCacheTestbed(root, n_shards=len(SHARD_RACKS), racks=SHARD_RACKS))
     placement = datavine.PlacementPolicy() if name == "datavine" else None

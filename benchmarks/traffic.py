@@ -33,7 +33,7 @@ from typing import Any
 
 import common
 
-from datavine.graph import add_merge_tree
+from datavine.scheduler.graph import add_merge_tree
 
 VARIATIONS, BINS = 640, 3200  # 16 MiB of float64 per chunk
 
@@ -53,7 +53,7 @@ def chunk_with_systematics(path: str, start: int, stop: int) -> tuple[Any, Any]:
     """The AGC chunk result and a 16 MiB histogram of variations (scaled nominal shape)."""
     import numpy as np
 
-    from datavine.analysis.agc import process_chunk
+    from datavine.apps.analysis.agc import process_chunk
 
     result = process_chunk(path, start, stop)
     shape = np.interp(np.linspace(0, len(result.counts) - 1, BINS),
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=common.REPO / "runs" / "data-traffic")
     args = parser.parse_args(argv)
     common.setup()
-    from datavine.analysis.agc import make_chunks, run_plain_loop
-    from datavine.datagen import generate_dataset
+    from datavine.apps.analysis.agc import make_chunks, run_plain_loop
+    from datavine.io.datagen import generate_dataset
 
     files = generate_dataset(args.data, 8, 100_000, "zstd")
     chunks = make_chunks(files, 25_000)

@@ -132,8 +132,8 @@ def process_cpu_s() -> float:
 @contextlib.contextmanager
 def timed_decisions() -> Iterator[list[float]]:
     """Time datavine's decisions (planner, placement, caps) by wrapping those calls."""
-    from datavine.dispatch import Dispatcher
-    from datavine.memory import MemoryState
+    from datavine.scheduler.dispatch import Dispatcher
+    from datavine.scheduler.memory import MemoryState
 
     spent = [0.0]
     # Dispatcher.fill: the planner's bundles, held or placed (topology views, decide)

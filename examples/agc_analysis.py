@@ -1,7 +1,7 @@
 """The AGC-style ttbar analysis on datavine, as a user would write it.
 
 Generates a few NanoAOD-like files (once), runs the selection of
-``datavine.analysis.agc`` on every chunk of 100k events as a ``dask.delayed`` task on
+``datavine.apps.analysis.agc`` on every chunk of 100k events as a ``dask.delayed`` task on
 local TaskVine workers, merges the chunk results and prints the trijet-mass histogram::
 
     .venv/bin/python examples/agc_analysis.py [DATA_DIR]
@@ -17,8 +17,8 @@ import sys
 import dask
 
 import datavine
-from datavine.analysis import agc
-from datavine.datagen import generate_dataset
+from datavine.apps.analysis import agc
+from datavine.io.datagen import generate_dataset
 
 
 def main(data_dir: str = "runs/data") -> None:

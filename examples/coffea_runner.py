@@ -23,7 +23,7 @@ from coffea import processor
 from coffea.nanoevents import NanoAODSchema
 
 from datavine.coffea import DatavineExecutor
-from datavine.samples import coffea_sample
+from datavine.io.samples import coffea_sample
 
 
 class MetAndMuons(processor.ProcessorABC):

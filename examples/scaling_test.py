@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from datavine.scaletest.cli import main
+from datavine.apps.scaletest.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m datavine.samples "$@"
+exec "$PYTHON" -m datavine.io.samples "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what the loopback XCache testbed (datavine.xcache.testbed) needs, as root:
+# Install what the loopback XCache testbed (datavine.io.xcache.testbed) needs, as root:
 #   - Debian's XRootD server and client (xrootd, xrdfs, xrdpfc_print, libXrdPss, libXrdPfc,
 #     libXrdHttp) from the distribution's own package lists;
 #   - the unprivileged `xrootd` system user: xrootd refuses to run as root, so the testbed

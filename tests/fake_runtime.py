@@ -1,7 +1,7 @@
-"""A stand-in for :class:`datavine.runtime.Runtime`'s port, for fast tests of the run loop.
+"""A stand-in for :class:`datavine.manager.runtime.Runtime`'s port, for fast tests of the run loop.
 
 It runs each submitted bundle in this process with the real worker-side code
-(:func:`datavine.remote.execute_payload`) in a sandbox directory, keeps the temp files
+(:func:`datavine.worker.remote.execute_payload`) in a sandbox directory, keeps the temp files
 bundles store in a per-worker cache, and lets a test script what TaskVine and the workers
 would do instead: a result replaced (a memory overrun, a shard error, a time limit), a call
 lost with its worker, a worker gone with the values it held. No TaskVine, no processes.
@@ -19,10 +19,10 @@ from typing import Any
 
 import cloudpickle
 
-from datavine import remote
 from datavine.config import RunConfig
-from datavine.run_state import Learned
-from datavine.runtime import Finished
+from datavine.manager.runtime import Finished
+from datavine.scheduler.run_state import Learned
+from datavine.worker import remote
 
 # script(call number, spec) -> a result dict to return instead, "lost" (the worker died
 # under the call), or None (run it for real)
@@ -39,7 +39,7 @@ class FakeFile:
 
 
 class FakeRuntime:
-    """The port :class:`datavine.execution.GraphRun` drives, on ``workers`` fake workers."""
+    """The port :class:`datavine.manager.execution.GraphRun` drives, on ``workers`` fake workers."""
 
     def __init__(self, run: RunConfig, workers: int = 2, script: Script | None = None) -> None:
         self.run_config = run

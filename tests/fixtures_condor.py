@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from datavine.pools.condor import condor_exec, pool_missing, scripts_dir
-from datavine.pools.state import PROJECT_ROOT, default_pool_dir
+from datavine.deploy.pools.condor import condor_exec, pool_missing, scripts_dir
+from datavine.deploy.pools.state import PROJECT_ROOT, default_pool_dir
 
 CONDOR_ROOT = Path(os.environ.get("DATAVINE_CONDOR_ROOT", PROJECT_ROOT / "build" / "condor-root"))
 DAEMON_LOGS = ("MasterLog", "SchedLog", "StartLog", "NegotiatorLog", "CollectorLog")

@@ -3,7 +3,7 @@
 ``xcache_testbed`` is one origin and 4 XCache shards on 2 racks (A, A, B, B), started once
 per session over ``xcache_data``: 12 small TTree files in sub-folders, made here with
 uproot's ``mktree``/``extend`` (a minimal private helper; the full generator is
-``datavine.datagen``). Both live in folders under /tmp made for the purpose, because the
+``datavine.io.datagen``). Both live in folders under /tmp made for the purpose, because the
 servers run as the unprivileged ``xrootd`` user, who cannot enter pytest's root-only
 ``/tmp/pytest-of-root``. Tests that stop a shard must start it again.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datavine.xcache.testbed import xcache_missing
+from datavine.io.xcache.testbed import xcache_missing
 
 N_FILES = 12
 N_EVENTS = 40_000
@@ -72,8 +72,8 @@ def xcache_tools() -> None:
 
 @pytest.fixture(scope="session")
 def xcache_testbed(xcache_tools: None, xcache_data: Path) -> Iterator[object]:
-    """A started :class:`~datavine.xcache.testbed.XCacheTestbed`: 4 shards on racks A,A,B,B."""
-    from datavine.xcache.testbed import XCacheTestbed
+    """A started :class:`~datavine.io.xcache.testbed.XCacheTestbed`: 4 shards on racks A,A,B,B."""
+    from datavine.io.xcache.testbed import XCacheTestbed
 
     with XCacheTestbed(xcache_data, n_shards=len(RACKS), racks=RACKS, blocksize="128k",
                        http=True) as tb:

@@ -11,8 +11,15 @@ import numpy as np
 import pytest
 import uproot
 
-from datavine.analysis import Chunk, ChunkResult, agc, make_chunks, process_chunk, run_plain_loop
-from datavine.datagen import generate_dataset
+from datavine.apps.analysis import (
+    Chunk,
+    ChunkResult,
+    agc,
+    make_chunks,
+    process_chunk,
+    run_plain_loop,
+)
+from datavine.io.datagen import generate_dataset
 
 EVENTS = 20_000
 

@@ -15,8 +15,8 @@ import pytest
 from dask import delayed
 
 import datavine
-from datavine.binaries import vine_binary
-from datavine.local_workers import worker_environment
+from datavine.deploy.binaries import vine_binary
+from datavine.deploy.local_workers import worker_environment
 
 pytestmark = pytest.mark.taskvine
 

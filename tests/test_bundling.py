@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datavine import graph
-from datavine.bundling import CostModel, Planner, bundle_size
+from datavine.scheduler import graph
+from datavine.scheduler.bundling import CostModel, Planner, bundle_size
 
 
 def random_dag(n: int, seed: int, fan_in: int = 3) -> dict:

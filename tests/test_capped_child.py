@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from datavine.capped_child import CappedChild, needs_fresh_child
-from datavine.memcap import ChildFailedError
+from datavine.worker.capped_child import CappedChild, needs_fresh_child
+from datavine.worker.memcap import ChildFailedError
 
 MB = 2**20
 

@@ -18,17 +18,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from datavine import cli
-from datavine.analysis import ChunkResult, make_chunks, run_plain_loop
-from datavine.analysis.sources import (
+from datavine.apps import cli
+from datavine.apps.analysis import ChunkResult, make_chunks, run_plain_loop
+from datavine.apps.analysis.sources import (
     LocalFiles,
     SourcedResult,
     analysis_graph,
     merge,
     origin_url,
 )
-from datavine.datagen import generate_dataset
-from datavine.xcache.testbed import xcache_missing
+from datavine.io.datagen import generate_dataset
+from datavine.io.xcache.testbed import xcache_missing
 
 FILES, EVENTS, CHUNK = 2, 20_000, 10_000
 
@@ -64,7 +64,7 @@ def small_run(data_dir: Path, local_workers: bool = True) -> list[str]:
 # --- the command line --------------------------------------------------------------------------
 def test_console_script_is_declared() -> None:
     scripts = importlib.metadata.entry_points(group="console_scripts")
-    assert [e.value for e in scripts if e.name == "datavine"] == ["datavine.cli:main"]
+    assert [e.value for e in scripts if e.name == "datavine"] == ["datavine.apps.cli:main"]
     exe = Path(sys.executable).parent / "datavine"
     done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60,
                           check=False)
@@ -94,8 +94,8 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 def test_scale_test_command_is_there_exactly_when_its_module_is() -> None:
     import importlib.util
 
-    have = importlib.util.find_spec("datavine.scaletest") is not None and \
-        importlib.util.find_spec("datavine.scaletest.cli") is not None
+    have = importlib.util.find_spec("datavine.apps.scaletest") is not None and \
+        importlib.util.find_spec("datavine.apps.scaletest.cli") is not None
     assert ("scale-test" in cli.build_parser().format_help()) == have
 
 

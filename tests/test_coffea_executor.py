@@ -1,6 +1,6 @@
 """DatavineExecutor: coffea's Runner on real TaskVine workers, against IterativeExecutor.
 
-The samples are coffea's own NanoAOD test files (:func:`datavine.samples.coffea_sample`).
+The samples are coffea's own NanoAOD test files (:func:`datavine.io.samples.coffea_sample`).
 The processor is defined here and pickled by value (``register_pickle_by_value``), because
 the workers cannot import this test module. Bad files are real: copies of a sample with
 garbled baskets or cut short, and a path that does not exist; XRootD errors come from a real
@@ -35,8 +35,8 @@ from datavine.coffea import (
 )
 from datavine.coffea.executor import build_graph, unwrap_automatic_retries
 from datavine.coffea.tasks import ItemPolicy
-from datavine.reading import is_input_error
-from datavine.samples import coffea_sample
+from datavine.io.reading import is_input_error
+from datavine.io.samples import coffea_sample
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -292,13 +292,13 @@ def test_skipbadfiles_real_xrootd_failure(tmp_path: Path) -> None:
     why = xcache_missing()
     if why:
         pytest.skip(why)
-    # Importing datavine.xcache sets the XRootD client's fast-failover environment; workers
+    # Importing datavine.io.xcache sets the XRootD client's fast-failover environment; workers
     # started after it inherit it (the session cluster may predate it: the client would
     # retry a dead server for minutes).
     import tempfile
 
     import datavine
-    from datavine.xcache.testbed import XCacheTestbed
+    from datavine.io.xcache.testbed import XCacheTestbed
 
     served = Path(tempfile.mkdtemp(prefix="datavine-coffea-xrd-"))
     manager = datavine.ManagerConfig(run_dir=tmp_path / "manager")

@@ -24,7 +24,7 @@ from coffea import processor
 from coffea.nanoevents import NanoAODSchema
 
 from datavine.coffea import DatavineExecutor, WorkerImportError
-from datavine.samples import coffea_sample
+from datavine.io.samples import coffea_sample
 from tests.test_coffea_executor import MetMuons, assert_same, iterative, on, runner
 
 pytestmark = [
@@ -276,7 +276,7 @@ import warnings
 from coffea import processor
 from coffea.nanoevents import NanoAODSchema
 from datavine.coffea import DatavineExecutor
-from datavine.samples import coffea_sample
+from datavine.io.samples import coffea_sample
 
 class Count(processor.ProcessorABC):
     def process(self, events):

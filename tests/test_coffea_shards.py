@@ -23,8 +23,8 @@ import pytest
 pytest.importorskip("coffea")
 
 from datavine.coffea import DatavineSource
-from datavine.samples import coffea_sample
-from datavine.shards import logical_name
+from datavine.io.samples import coffea_sample
+from datavine.io.shards import logical_name
 from tests.test_coffea_executor import SAMPLES, MetMuons, assert_same, iterative, on, runner
 
 pytestmark = [
@@ -38,7 +38,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def samples_testbed(xcache_tools: None) -> Iterator[Any]:
     """Origin + 2 shards (racks A, B) serving coffea's samples under /store/coffea/."""
-    from datavine.xcache.testbed import XCacheTestbed
+    from datavine.io.xcache.testbed import XCacheTestbed
 
     served = Path(tempfile.mkdtemp(prefix="datavine-coffea-shards-"))
     try:
@@ -58,7 +58,7 @@ def samples_testbed(xcache_tools: None) -> Iterator[Any]:
 def shard_cluster(samples_testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Two workers, one per rack, reading through the testbed's shards."""
     import datavine
-    import datavine.xcache  # fast XRootD failover settings, inherited by the workers
+    import datavine.io.xcache  # fast XRootD failover settings, inherited by the workers
 
     manager = datavine.ManagerConfig(run_dir=tmp_path_factory.mktemp("shard-cluster"))
     run = datavine.RunConfig(shardmap=samples_testbed.shard_map(), no_worker_timeout_s=30)

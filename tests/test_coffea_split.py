@@ -22,7 +22,7 @@ from datavine.coffea.executor import build_graph
 from datavine.coffea.splitting import halves, split_failed_items
 from datavine.coffea.tasks import ItemPolicy
 from datavine.errors import MemoryCapError
-from datavine.memory import MemoryPolicy
+from datavine.scheduler.memory import MemoryPolicy
 from tests.test_coffea_executor import MetMuons, assert_same, fileset, iterative, on, runner
 
 pytestmark = [

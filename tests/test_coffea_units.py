@@ -28,7 +28,7 @@ from datavine.coffea.executor import build_graph
 from datavine.coffea.progress import CallProgress
 from datavine.coffea.session import EmbeddedCluster
 from datavine.coffea.tasks import ItemPolicy, Partial, WorkerImportError
-from datavine.samples import coffea_sample
+from datavine.io.samples import coffea_sample
 
 pytestmark = [pytest.mark.coffea]
 

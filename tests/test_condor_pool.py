@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from datavine.pools import CondorPool, FactoryConfig, rack_feature
-from datavine.pools.condor import POOL_ATTR
+from datavine.deploy.pools import CondorPool, FactoryConfig, rack_feature
+from datavine.deploy.pools.condor import POOL_ATTR
 
 pytest_plugins = ["tests.fixtures_condor"]
 pytestmark = [pytest.mark.condor, pytest.mark.taskvine]
@@ -39,7 +39,7 @@ def manager(password_file: Path, tmp_path: Path) -> Iterator[Any]:
 def pool_dir(tmp_path: Path) -> Path:
     """The default pools folder: the only one bound into the chroot (state files are per
     pool name, so the tests use names of their own)."""
-    from datavine.pools.state import default_pool_dir
+    from datavine.deploy.pools.state import default_pool_dir
 
     return default_pool_dir()
 
@@ -150,7 +150,7 @@ def test_pre_started_pool_stop_leaves_no_jobs(
 
 def test_cli_start_wait_status_stop(manager_process: int, password_file: Path,
                                     pool_dir: Path, condor_diagnostics: None) -> None:
-    cli = [sys.executable, "-m", "datavine.pools.cli", "pool"]
+    cli = [sys.executable, "-m", "datavine.deploy.pools.cli", "pool"]
     common = ["--name", "t-cli", "--pool-dir", str(pool_dir)]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -185,7 +185,7 @@ def test_wait_times_out_naming_the_manager(password_file: Path, pool_dir: Path, 
     port = free_port  # no manager there: no worker can connect
     cfg = FactoryConfig("127.0.0.1", port, workers=1, min_workers=1,
                         password_file=password_file, factory_period_s=1)
-    from datavine.pools import PoolTimeoutError
+    from datavine.deploy.pools import PoolTimeoutError
 
     with CondorPool(cfg, name="t-timeout", pool_dir=pool_dir) as pool, \
             pytest.raises(PoolTimeoutError, match=rf"0 of 1 worker.*127\.0\.0\.1:{port}"):
@@ -231,8 +231,8 @@ def test_named_condor_workers_are_warmed_and_get_their_files_back(
     from dask import delayed
 
     from datavine.config import ManagerConfig, RunConfig
-    from datavine.facility import Facility, FacilityCluster, PoolSettings
-    from datavine.pools.identity import condor_name
+    from datavine.deploy.facility import Facility, FacilityCluster, PoolSettings
+    from datavine.deploy.pools.identity import condor_name
 
     data = pool_dir / "t-named-condor-data"  # under the pools folder: bound into the chroot
     data.mkdir(parents=True, exist_ok=True)

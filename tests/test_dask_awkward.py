@@ -27,7 +27,7 @@ DY_EVENTS = 40
 
 def dy_events() -> Any:
     """coffea's NanoAOD Drell-Yan sample as a dask-awkward array of 4 partitions."""
-    from datavine.samples import coffea_sample
+    from datavine.io.samples import coffea_sample
 
     path = coffea_sample("nano_dy")
     with warnings.catch_warnings():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import uproot
 
-from datavine import datagen
+from datavine.io import datagen
 
 EVENTS = 20_000
 BRANCHES = {
@@ -145,7 +145,7 @@ def test_main_writes_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_runs_as_a_module(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "datavine.datagen", "--out", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "datavine.io.datagen", "--out", str(tmp_path),
                            "--files", "1", "--events", "100"],
                           capture_output=True, text=True, check=True, timeout=60)
     assert Path(done.stdout.strip()).name == "nanoaod_0000.root"

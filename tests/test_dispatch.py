@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from datavine import graph as graphs
-from datavine.bundling import CostModel, Planner
-from datavine.dispatch import Dispatcher
-from datavine.placement import PlacementPolicy
-from datavine.shards import ShardHealth, ShardMap
-from datavine.topology import ANYWHERE, Topology
+from datavine.io.shards import ShardHealth, ShardMap
+from datavine.scheduler import graph as graphs
+from datavine.scheduler.bundling import CostModel, Planner
+from datavine.scheduler.dispatch import Dispatcher
+from datavine.scheduler.placement import PlacementPolicy
+from datavine.scheduler.topology import ANYWHERE, Topology
 
 
 def reader(path: str) -> int:
@@ -20,7 +20,7 @@ def reader(path: str) -> int:
 def setup(n: int, *, policy: PlacementPolicy | None) -> tuple[Dispatcher, Topology]:
     dsk: dict[Any, Any] = {("read", i): (reader, f"/store/f{i}.root") for i in range(n)}
     graph = graphs.build(dsk, list(dsk))
-    from datavine.inputs import task_files
+    from datavine.scheduler.inputs import task_files
 
     files = {k: task_files(node) for k, node in graph.nodes.items()}
     planner = Planner(graph, files=files.__getitem__, costs=CostModel(), target_s=1.0,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from datavine.environment import (
+from datavine.manager.environment import (
     EnvSpec,
     PackedEnv,
     PackError,
@@ -167,7 +167,7 @@ def test_the_unpacked_tree_runs_without_this_python_installation(real_packed: Pa
     tree = tmp_path / "tree"
     tree.mkdir()
     subprocess.run(["tar", "xf", str(real_packed.path), "-C", str(tree)], check=True)
-    probe = ("import sys, numpy, datavine.memcap; "
+    probe = ("import sys, numpy, datavine.worker.memcap; "
              "maps = [line.split()[-1] for line in open('/proc/self/maps') if 'libpython' in line];"
              "print(sys.prefix, numpy.__file__, maps[0])")
     command = [str(tree / "bin" / "run_in_env"), "python", "-c", probe]
@@ -193,7 +193,7 @@ def vine_run(tmp_path: Path) -> Iterator[tuple[Any, Any]]:
     import psutil
 
     from datavine.config import LocalWorkersConfig
-    from datavine.local_workers import LocalWorkers
+    from datavine.deploy.local_workers import LocalWorkers
 
     manager = vine.Manager(port=0, run_info_path=str(tmp_path / "vine-run-info"))
     workers = LocalWorkers(LocalWorkersConfig(workers=0, idle_timeout_s=60), manager.port,
@@ -229,7 +229,7 @@ def probe_library(extra_mb: float) -> dict[str, Any]:
 
     import numpy
 
-    from datavine.memcap import run_capped
+    from datavine.worker.memcap import run_capped
 
     baseline = run_capped(int, cap_mb=None).baseline_mb
     cap = baseline + extra_mb

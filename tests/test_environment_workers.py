@@ -21,7 +21,7 @@ import pytest
 from dask import delayed
 
 import datavine
-from datavine.environment import EnvSpec, PackedEnv, pack_environment
+from datavine.manager.environment import EnvSpec, PackedEnv, pack_environment
 
 pytestmark = pytest.mark.taskvine
 

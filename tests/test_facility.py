@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from datavine import cli
+from datavine.apps import cli
 from datavine.config import ConfigError
-from datavine.datagen import generate_dataset
-from datavine.facility import FacilityError, load_facility
-from datavine.pools.factory import rack_feature
+from datavine.deploy.facility import FacilityError, load_facility
+from datavine.deploy.pools.factory import rack_feature
+from datavine.io.datagen import generate_dataset
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "manager" / "facility.example.toml"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from datavine.config import ConfigError
-from datavine.pools import (
+from datavine.deploy.pools import (
     FactoryConfig,
     PoolStatus,
     PoolTimeoutError,
@@ -24,15 +24,21 @@ from datavine.pools import (
     factory_json,
     query_manager,
 )
-from datavine.pools import cli as pool_cli
-from datavine.pools.factory import (
+from datavine.deploy.pools import cli as pool_cli
+from datavine.deploy.pools.factory import (
     NO_CATALOG,
     config_from_dict,
     config_to_dict,
     factory_config_text,
 )
-from datavine.pools.manager_status import ManagerQueryError, connected_workers
-from datavine.pools.state import PoolState, list_states, read_state, remove_state, write_state
+from datavine.deploy.pools.manager_status import ManagerQueryError, connected_workers
+from datavine.deploy.pools.state import (
+    PoolState,
+    list_states,
+    read_state,
+    remove_state,
+    write_state,
+)
 
 
 def option(cmd: list[str], name: str) -> list[str]:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from datavine import reaper as reaper_mod
-from datavine.memcap import run_capped
-from datavine.remote import TaskTimeLimitExceeded, time_limit
-from datavine.runtime import check_port_free, requeued_task, silence_tunes
-from datavine.sessions import kill_session, session_pids, stop_session
-from datavine.signals import Terminated, terminate_gracefully
+from datavine.deploy import reaper as reaper_mod
+from datavine.deploy.sessions import kill_session, session_pids, stop_session
+from datavine.deploy.signals import Terminated, terminate_gracefully
+from datavine.manager.runtime import check_port_free, requeued_task, silence_tunes
+from datavine.worker.memcap import run_capped
+from datavine.worker.remote import TaskTimeLimitExceeded, time_limit
 
 
 def test_silence_tunes_bound_detection_by_the_worker_timeout() -> None:
@@ -92,7 +92,7 @@ def test_reaper_cleans_up_after_a_killed_client(tmp_path: Path) -> None:
     target = tmp_path / "run-dir"
     script = (
         "import subprocess, sys, time\n"
-        "from datavine.reaper import reaper\n"
+        "from datavine.deploy.reaper import reaper\n"
         "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
         "import os; os.mkdir(sys.argv[1])\n"
         "reaper().add_session(p.pid); reaper().add_path(sys.argv[1])\n"
@@ -125,7 +125,7 @@ def _alive(pid: int) -> bool:
 def test_sigterm_raises_terminated_once_and_is_handled() -> None:
     """Raised in the main thread, a second signal ignored while it unwinds; ``handled()``
     gives the defaults back (a cluster fixture may have the handler installed already)."""
-    from datavine import signals
+    from datavine.deploy import signals
 
     before = {sig: signal.getsignal(sig) for sig in signals.SIGNALS}
     try:
@@ -153,7 +153,7 @@ def test_terminate_gracefully_restores_what_it_found() -> None:
 def test_unhandled_terminated_dies_by_the_signal_after_cleanup(tmp_path: Path) -> None:
     marker = tmp_path / "cleaned"
     script = ("import os, signal, sys\n"
-              "from datavine.signals import terminate_gracefully\n"
+              "from datavine.deploy.signals import terminate_gracefully\n"
               "with terminate_gracefully():\n"
               "    try:\n"
               "        os.kill(os.getpid(), signal.SIGHUP)\n"

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from datavine import faults
+from datavine.apps import faults
+from datavine.apps.faults import FaultResult
 from datavine.errors import RunTimeoutError, TaskTimeLimitError
-from datavine.faults import FaultResult
 
 pytest_plugins = ["tests.fixtures_condor"]
 pytestmark = [pytest.mark.taskvine, pytest.mark.faults]
@@ -97,7 +97,7 @@ def test_bad_input_file_is_named_and_not_retried(kind: str, tmp_path: Path) -> N
 @pytest.mark.xcache
 def test_shard_stopped_mid_run(xcache_tools: None, xcache_data: Path) -> None:
     """On a testbed of its own (the session's testbed keeps its caches for other tests)."""
-    from datavine.xcache.testbed import XCacheTestbed
+    from datavine.io.xcache.testbed import XCacheTestbed
     from tests.fixtures_xcache import N_EVENTS, RACKS, xcache_lfns
 
     lfns = xcache_lfns()

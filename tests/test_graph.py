@@ -9,7 +9,7 @@ import dask.array as da
 import pytest
 from dask import delayed
 
-from datavine import graph
+from datavine.scheduler import graph
 
 
 def test_dict_graph_with_tuples_is_normalised_and_culled() -> None:

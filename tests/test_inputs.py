@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from dask._task_spec import DataNode, Task
 
-from datavine.inputs import looks_like_input, task_files
+from datavine.scheduler.inputs import looks_like_input, task_files
 
 
 @dataclass

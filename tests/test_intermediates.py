@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from datavine import graph as graphs
-from datavine.bundling import CostModel, Planner
-from datavine.intermediates import Intermediates
+from datavine.scheduler import graph as graphs
+from datavine.scheduler.bundling import CostModel, Planner
+from datavine.scheduler.intermediates import Intermediates
 
 
 class Files:

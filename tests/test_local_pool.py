@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from datavine.pools import FactoryConfig, FactoryPool, LocalFactoryPool
+from datavine.deploy.pools import FactoryConfig, FactoryPool, LocalFactoryPool
 
 pytest_plugins = ["tests.fixtures_condor"]  # password_file, manager_process
 pytestmark = pytest.mark.taskvine

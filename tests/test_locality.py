@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import datavine
-from datavine.analysis import agc
+from datavine.apps.analysis import agc
 
 pytestmark = [pytest.mark.taskvine, pytest.mark.xcache, pytest.mark.slow]
 
@@ -74,7 +74,7 @@ class Dataset:
 @pytest.fixture(scope="module")
 def dataset(xcache_tools: None) -> Iterator[Dataset]:
     """12 files x 20k events, world-readable (the servers run as user xrootd)."""
-    from datavine.datagen import generate_dataset
+    from datavine.io.datagen import generate_dataset
 
     root = Path(tempfile.mkdtemp(prefix="datavine-locality-"))
     try:
@@ -89,7 +89,7 @@ def dataset(xcache_tools: None) -> Iterator[Dataset]:
 
 @pytest.fixture(scope="module")
 def testbed(dataset: Dataset) -> Iterator[Any]:
-    from datavine.xcache.testbed import XCacheTestbed
+    from datavine.io.xcache.testbed import XCacheTestbed
 
     with XCacheTestbed(dataset.root, n_shards=len(SHARD_RACKS), racks=SHARD_RACKS) as tb:
         yield tb
@@ -115,7 +115,7 @@ def placed(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Iterator[A
 
 
 def origin_urls(dataset: Dataset, testbed: Any) -> list[agc.Chunk]:
-    from datavine.analysis.sources import to_origin
+    from datavine.apps.analysis.sources import to_origin
 
     return to_origin(dataset.chunks, dataset.root, testbed.origin_url)
 

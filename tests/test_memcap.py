@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from datavine.memcap import CappedResult, ChildFailedError, measure_peak, run_capped
+from datavine.worker.memcap import CappedResult, ChildFailedError, measure_peak, run_capped
 
 MB = 2**20
 

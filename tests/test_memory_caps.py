@@ -23,7 +23,7 @@ import pytest
 from dask import delayed
 
 import datavine
-from datavine.memory import MemoryPolicy
+from datavine.scheduler.memory import MemoryPolicy
 
 pytestmark = pytest.mark.taskvine
 

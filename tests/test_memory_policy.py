@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from datavine.config import ConfigError
-from datavine.memory import GiveUp, MemoryPolicy, MemoryState, Retry
+from datavine.scheduler.memory import GiveUp, MemoryPolicy, MemoryState, Retry
 
 POLICY = MemoryPolicy(default_mb=1024, ceiling_mb=4096, floor_mb=256, headroom=1.25,
                       growth=2.0, per_category={"big": 2048}, step_mb=64, min_samples=3)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from datavine.config import ManagerConfig, RunConfig
-from datavine.pools import FactoryConfig, factory_command
-from datavine.pools.identity import WRAPPER_NAME, condor_name, local_name, write_wrapper
+from datavine.deploy.pools import FactoryConfig, factory_command
+from datavine.deploy.pools.identity import WRAPPER_NAME, condor_name, local_name, write_wrapper
 
 pytest_plugins = ["tests.fixtures_condor"]
 
@@ -60,7 +60,7 @@ def test_the_wrapper_names_other_workers_by_host_and_pid(tmp_path: Path) -> None
 
 def test_pool_start_takes_its_rack_from_the_facility_file(tmp_path: Path) -> None:
     from datavine.config import ConfigError
-    from datavine.pools.cli import _facility_rack
+    from datavine.deploy.pools.cli import _facility_rack
 
     facility = tmp_path / "site.toml"
     facility.write_text('[[pools]]\nname = "east"\nbatch = "local"\nrack = "A"\n'
@@ -78,7 +78,7 @@ def test_local_pool_workers_are_named_warmed_and_get_their_files_back(tmp_path: 
     import dask
     from dask import delayed
 
-    from datavine.facility import Facility, FacilityCluster, PoolSettings
+    from datavine.deploy.facility import Facility, FacilityCluster, PoolSettings
 
     files = []
     for i in range(8):
@@ -117,7 +117,7 @@ def test_a_worker_that_joins_the_pool_is_warmed_before_the_next_run(tmp_path: Pa
     import dask
     from dask import delayed
 
-    from datavine.facility import Facility, FacilityCluster, PoolSettings
+    from datavine.deploy.facility import Facility, FacilityCluster, PoolSettings
 
     pool = PoolSettings(name="t-join", batch="local", workers=2, min_workers=1, rack="r",
                         idle_timeout_s=120, factory_period_s=1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datavine.placement import (
+from datavine.io.shards import ShardMap
+from datavine.scheduler.placement import (
     Placement,
     PlacementPolicy,
     TaskInputs,
@@ -15,7 +16,6 @@ from datavine.placement import (
     rank_workers,
     score,
 )
-from datavine.shards import ShardMap
 
 FILES = [f"/store/f{i}.root" for i in range(6)]
 RACKS = ["A", "B", "C"]
@@ -138,7 +138,7 @@ def test_reading_a_file_never_lowers_a_score(task: TaskInputs, worker: WorkerVie
 
 
 def test_placement_off_reason_names_the_missing_racks() -> None:
-    from datavine.placement import placement_off_reason
+    from datavine.scheduler.placement import placement_off_reason
 
     racked = ShardMap.from_urls(["root://a:1", "root://b:1"], racks=["A", "B"])
     bare = ShardMap.from_urls(["root://a:1", "root://b:1"])

@@ -1,4 +1,5 @@
-"""The run loop (:class:`datavine.execution.GraphRun`) driven through retries, overruns, lost
+"""The run loop (:class:`datavine.manager.execution.GraphRun`) driven through retries,
+overruns, lost
 calls, lost kept values and shard failover on a fake port (tests/fake_runtime.py): fast,
 deterministic, no TaskVine. The end-to-end tests on real workers stay in test_runtime,
 test_faults and test_intermediates."""
@@ -9,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from datavine import graph as graphs
-from datavine import remote
 from datavine.config import RunConfig
 from datavine.errors import BundleFailedError, MemoryCapError, TaskTimeLimitError
-from datavine.execution import GraphRun
-from datavine.memory import MemoryPolicy
+from datavine.manager.execution import GraphRun
+from datavine.scheduler import graph as graphs
+from datavine.scheduler.memory import MemoryPolicy
+from datavine.worker import remote
 from tests.fake_runtime import FakeRuntime
 
 

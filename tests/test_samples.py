@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import uproot
 
-from datavine import samples
-from datavine.analysis import process_chunk
+from datavine.apps.analysis import process_chunk
+from datavine.io import samples
 
 pytestmark = pytest.mark.coffea
 

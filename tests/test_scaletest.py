@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import uproot
 
-from datavine.analysis.agc import ChunkResult
-from datavine.datagen import generate_dataset
-from datavine.scaletest import ScaleTestConfig, build_report, run_scale_test
-from datavine.scaletest.cli import main
-from datavine.scaletest.run import ScaleTestError, fileset_files, make_chunks
-from datavine.scaletest.tasks import ChunkRecord, FileInfo, Tally
-from datavine.summary import RunSummary
+from datavine.apps.analysis.agc import ChunkResult
+from datavine.apps.scaletest import ScaleTestConfig, build_report, run_scale_test
+from datavine.apps.scaletest.cli import main
+from datavine.apps.scaletest.run import ScaleTestError, fileset_files, make_chunks
+from datavine.apps.scaletest.tasks import ChunkRecord, FileInfo, Tally
+from datavine.io.datagen import generate_dataset
+from datavine.scheduler.summary import RunSummary
 
 FILES, EVENTS = 4, 20_000
 REQUIRED = ("gbps", "events_per_s", "khz_per_core", "files_processed", "files_failed",
@@ -207,7 +207,7 @@ def test_passes_read_the_dataset_again_as_tasks_of_their_own(dataset: Path) -> N
 def test_cli_defaults_are_a_long_run_and_quick_is_short() -> None:
     import argparse
 
-    from datavine.scaletest.cli import LONG, add_options, config_from_args
+    from datavine.apps.scaletest.cli import LONG, add_options, config_from_args
 
     parser = argparse.ArgumentParser()
     add_options(parser)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datavine.shards import (
+from datavine.io.shards import (
     NoShardAvailableError,
     Shard,
     ShardHealth,
@@ -116,7 +116,7 @@ def test_determinism_across_processes() -> None:
     """The map must not depend on PYTHONHASHSEED: manager and workers compute the same."""
     names = [f"xcache-{i}" for i in range(8)]
     files = _names("/store/data", 200)
-    code = ("import json, sys; from datavine.shards import Shard, ShardMap; "
+    code = ("import json, sys; from datavine.io.shards import Shard, ShardMap; "
             "m = ShardMap(Shard(url='root://'+n, name=n) for n in json.loads(sys.argv[1])); "
             "print(json.dumps([m.shard_for(f).name for f in json.loads(sys.argv[2])]))")
     results = []

@@ -1,4 +1,4 @@
-"""The facility model (datavine.sim): its pieces, and datavine's decisions running on it.
+"""The facility model (datavine.apps.sim): its pieces, and datavine's decisions running on it.
 
 Small facilities only: every test runs in well under a second of real time. Assertions are
 on simulated results (bytes, placement, link use, completion time), never on real timing.
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from datavine.apps.sim import FacilitySpec, ManagerCost, ShardSpec, SimConfig, Workload, simulate
+from datavine.apps.sim.driver import workload_graph
+from datavine.apps.sim.events import EventQueue
+from datavine.apps.sim.network import Network
+from datavine.apps.sim.spec import GBPS
+from datavine.apps.sim.taskvine import SimTaskVine, SimWorker
 from datavine.config import RunConfig
-from datavine.memory import MemoryPolicy
-from datavine.sim import FacilitySpec, ManagerCost, ShardSpec, SimConfig, Workload, simulate
-from datavine.sim.driver import workload_graph
-from datavine.sim.events import EventQueue
-from datavine.sim.network import Network
-from datavine.sim.spec import GBPS
-from datavine.sim.taskvine import SimTaskVine, SimWorker
+from datavine.scheduler.memory import MemoryPolicy
 
 FREE = ManagerCost(dispatch_s=0.0, result_s=0.0, latency_s=0.0, start_s=0.0, decision_s=0.0)
 
@@ -108,7 +108,7 @@ def test_blind_placement_saturates_a_thin_inter_rack_link_and_datavine_stays_nea
 
 
 def _sizes(work: Workload) -> list[float]:
-    from datavine.sim.driver import SimRun
+    from datavine.apps.sim.driver import SimRun
 
     run = SimRun(FacilitySpec.small(), work)
     return [e * work.bytes_per_event for e in run.events]

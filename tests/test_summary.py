@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datavine.summary import CategoryStats, RunSummary
+from datavine.scheduler.summary import CategoryStats, RunSummary
 
 
 def test_category_lines_fit_a_terminal_and_show_peak_and_cap() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datavine.labels import rack_of
-from datavine.placement import Placement, TaskInputs, Tier, decide
-from datavine.topology import ANYWHERE, Target, Topology
+from datavine.scheduler.labels import rack_of
+from datavine.scheduler.placement import Placement, TaskInputs, Tier, decide
+from datavine.scheduler.topology import ANYWHERE, Target, Topology
 
 
 def two_racks() -> Topology:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datavine.shards import ShardHealth, ShardMap
+from datavine.io.shards import ShardHealth, ShardMap
 from tests.fixtures_xcache import xcache_lfns
 
 pytestmark = pytest.mark.xcache
@@ -27,7 +27,7 @@ BRANCHES = ["Jet_pt", "nJet"]
 
 
 def _read(url: str, **kwargs: object) -> tuple[dict[str, np.ndarray], int]:
-    from datavine.xcache.reader import bytes_read, uproot_open
+    from datavine.io.xcache.reader import bytes_read, uproot_open
 
     with uproot_open(url, **kwargs) as f:
         arrays = f["Events"].arrays(BRANCHES, library="np")
@@ -123,7 +123,7 @@ def test_second_pass_is_served_from_the_caches(xcache_testbed, two_passes) -> No
 
 
 def test_stopped_shard_fails_over_in_seconds(xcache_testbed, xcache_data) -> None:
-    from datavine.xcache.reader import open_with_failover
+    from datavine.io.xcache.reader import open_with_failover
 
     tb = xcache_testbed
     smap: ShardMap = tb.shard_map()
@@ -166,7 +166,7 @@ def test_stopped_shard_fails_over_in_seconds(xcache_testbed, xcache_data) -> Non
 
 def test_hung_shard_fails_over_within_seconds(xcache_testbed, xcache_data) -> None:
     """A shard that accepts connections but never answers (SIGSTOP), not only a dead one."""
-    from datavine.xcache.reader import open_with_failover
+    from datavine.io.xcache.reader import open_with_failover
 
     tb = xcache_testbed
     smap = tb.shard_map()
@@ -188,7 +188,7 @@ def test_hung_shard_fails_over_within_seconds(xcache_testbed, xcache_data) -> No
 
 
 def test_all_shards_down_falls_back_to_the_origin(xcache_testbed, xcache_data) -> None:
-    from datavine.xcache.reader import open_with_failover
+    from datavine.io.xcache.reader import open_with_failover
 
     tb = xcache_testbed
     smap = tb.shard_map()
@@ -218,7 +218,7 @@ def test_http_on_a_shard_goes_through_its_cache(xcache_testbed, xcache_data) -> 
 
 
 def test_cli_starts_and_stops_on_sigterm(xcache_tools, xcache_data) -> None:
-    cmd = [sys.executable, "-m", "datavine.xcache.testbed", "--data", str(xcache_data),
+    cmd = [sys.executable, "-m", "datavine.io.xcache.testbed", "--data", str(xcache_data),
            "--shards", "2", "--racks", "A,B"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []

@@ -10,16 +10,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from datavine.shards import Shard, ShardHealth, ShardMap
-from datavine.xcache.config import ServerPaths, origin_config, shard_config
-from datavine.xcache.reader import (
+from datavine.io.shards import Shard, ShardHealth, ShardMap
+from datavine.io.xcache.config import ServerPaths, origin_config, shard_config
+from datavine.io.xcache.reader import (
     InputUnavailableError,
     bytes_read,
     configure_xrootd_client,
     open_with_failover,
 )
-from datavine.xcache.stats import parse_cinfo_json, parse_origin_log, parse_summary
-from datavine.xcache.unix import check_reachable, free_ports
+from datavine.io.xcache.stats import parse_cinfo_json, parse_origin_log, parse_summary
+from datavine.io.xcache.unix import check_reachable, free_ports
 
 SUMMARY = (
     '<statistics tod="1" ver="v5.5.3" src="vm:2000" tos="1" pgm="xrootd" ins="origin" pid="9">'

@@ -15,8 +15,8 @@ from typing import Any
 # Public names and the modules that define them, imported on first use (PEP 562): a worker's
 # library, the reaper and ``python -m datavine.<module>`` import only what they need.
 _EXPORTS = {
-    "Cluster": "datavine.cluster",
-    "LocalCluster": "datavine.cluster",
+    "Cluster": "datavine.manager.cluster",
+    "LocalCluster": "datavine.manager.cluster",
     "ConfigError": "datavine.errors",
     "LocalWorkersConfig": "datavine.config",
     "ManagerConfig": "datavine.config",
@@ -30,10 +30,10 @@ _EXPORTS = {
     "RunTimeoutError": "datavine.errors",
     "TaskLoadError": "datavine.errors",
     "TaskTimeLimitError": "datavine.errors",
-    "MemoryPolicy": "datavine.memory",
-    "PlacementPolicy": "datavine.placement",
-    "open_input": "datavine.reading",
-    "ShardMap": "datavine.shards",
+    "MemoryPolicy": "datavine.scheduler.memory",
+    "PlacementPolicy": "datavine.scheduler.placement",
+    "open_input": "datavine.io.reading",
+    "ShardMap": "datavine.io.shards",
 }
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from datavine.errors import ConfigError
-from datavine.memory import MemoryPolicy
-from datavine.placement import PlacementPolicy
+from datavine.scheduler.memory import MemoryPolicy
+from datavine.scheduler.placement import PlacementPolicy
 
 if TYPE_CHECKING:
-    from datavine.shards import ShardMap
+    from datavine.io.shards import ShardMap
 
 __all__ = ["ConfigError", "LocalWorkersConfig", "ManagerConfig", "RunConfig"]
 
@@ -30,7 +30,7 @@ class ManagerConfig:
     Attributes:
         port: TCP port; 0 picks a free one.
         password_file: TaskVine password file; workers without it are rejected. ``None``
-            makes :class:`~datavine.cluster.Cluster` create one in its run directory.
+            makes :class:`~datavine.manager.cluster.Cluster` create one in its run directory.
         ssl_key, ssl_cert: PEM files; when both are set, workers must connect with ``--ssl``.
         run_dir: where the manager keeps logs, staging files and the password.
         name: optional project name (only used for logs; no catalog is contacted).
@@ -83,14 +83,14 @@ class RunConfig:
             >= 1: TaskVine's wait takes whole seconds and does nothing with 0); a result is
             handled as soon as it arrives.
         progress: show a rich progress bar on the terminal.
-        memory: memory caps per task category (:class:`~datavine.memory.MemoryPolicy`);
+        memory: memory caps per task category (:class:`~datavine.scheduler.memory.MemoryPolicy`);
             bundles run under their cap in a long-lived child of the worker's library, so an
             overrun (or a crash) costs a retry of that bundle, not the worker. ``None`` runs
             bundles in the library process itself, uncapped (fastest for trivial tasks).
         placement: delay-scheduling limits for tasks that read files; ``None`` places
             nothing (locality-blind).
-        shardmap: the XCache shards (:class:`~datavine.shards.ShardMap`): which rack holds
-            each file, and where :func:`datavine.reading.open_input` reads it from.
+        shardmap: the XCache shards (:class:`~datavine.io.shards.ShardMap`): which rack holds
+            each file, and where :func:`datavine.io.reading.open_input` reads it from.
         preload: modules the worker library imports once, before forking the child that
             runs capped bundles
             (the modules of the graph's functions are added automatically).
@@ -103,7 +103,7 @@ class RunConfig:
         task_time_limit_s: the limit of categories that ``time_limits`` does not name
             (``None``: none).
         keep_on_workers: values that only other tasks consume stay on the worker that made
-            them (TaskVine temp files; :mod:`datavine.intermediates`); only the graph's
+            them (TaskVine temp files; :mod:`datavine.scheduler.intermediates`); only the graph's
             outputs and small values come back to the manager. ``False`` sends every
             value through the manager (for comparison).
         inline_max_bytes: a kept value of at most this size also comes back inline, where

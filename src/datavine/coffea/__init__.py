@@ -16,7 +16,7 @@ Worker side:
   the XCache shards (also for coffea's dask path);
 - :mod:`~datavine.coffea.badfiles`: which exceptions mean a bad file, which are permanent (pure).
 
-What does not belong here: scheduling (:mod:`datavine.runtime`) and the analysis itself.
+What does not belong here: scheduling (:mod:`datavine.manager.runtime`) and the analysis itself.
 Importing this package imports coffea (the ``coffea`` extra).
 """
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from datavine.reading import raised_in_xrootd_client
+from datavine.io.reading import raised_in_xrootd_client
 
 # Messages of the XRootD client (as uproot and fsspec-xrootd quote them) that mark a failed
 # file access, whatever exception type carries them.

@@ -58,7 +58,7 @@ from datavine.coffea.report import (
     PartialResultWarning,
     skipped_message,
 )
-from datavine.local_workers import default_workers
+from datavine.deploy.local_workers import default_workers
 
 __all__ = ["BadFilesSkippedWarning", "CallRecord", "DatavineExecutor", "ExecutionReport",
            "PartialResultWarning", "build_graph", "unwrap_automatic_retries"]
@@ -74,7 +74,7 @@ from datavine.coffea.tasks import (
     run_item,
 )
 from datavine.errors import MemoryCapError, TaskLoadError
-from datavine.graph import Key, add_merge_tree
+from datavine.scheduler.graph import Key, add_merge_tree
 
 # What a coffea work item imports on a worker (~1.5 s in a fresh Python).
 LIBRARY_PRELOAD = ("coffea.processor", "coffea.nanoevents", "coffea.nanoevents.methods.nanoaod",
@@ -105,9 +105,9 @@ class DatavineExecutor(ExecutorBase):
         pickle_by_value : modules (names) to send by value in any case. Modules that a
             fresh interpreter of this Python cannot import (a file next to your script, a
             notebook's helpers) are found and sent by value without being named here.
-        shardmap : the XCache shards (:class:`datavine.shards.ShardMap`) the embedded
+        shardmap : the XCache shards (:class:`datavine.io.shards.ShardMap`) the embedded
             cluster reads through (a given ``cluster`` uses its own ``RunConfig.shardmap``).
-        memory : the embedded cluster's :class:`datavine.memory.MemoryPolicy`
+        memory : the embedded cluster's :class:`datavine.scheduler.memory.MemoryPolicy`
             (``"default"``: datavine's; ``None``: no caps, no splitting).
         split_min_entries : a work item over its memory cap at the ceiling is split in
             halves by entry range while the halves have at least this many entries.
@@ -300,8 +300,8 @@ class DatavineExecutor(ExecutorBase):
         return self.session.get(self._make_local_cluster)
 
     def _make_local_cluster(self, run_dir: Path) -> Any:
-        from datavine.cluster import LocalCluster
         from datavine.config import ManagerConfig, RunConfig
+        from datavine.manager.cluster import LocalCluster
 
         # The executor shows its own bars (in events). The libraries import coffea while
         # the cluster starts, on all workers at once, not in the first items' bundles.

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from datavine.reaper import temporary_directory
+from datavine.deploy.reaper import temporary_directory
 
 
 class EmbeddedCluster:

@@ -8,13 +8,13 @@ construction returns uproot's own source for the server that should serve the fi
 
 - inside a datavine bundle with a shard map (``RunConfig.shardmap``): the file's XCache shard,
   failing over to the next healthy shard and finally the origin when one does not open
-  (:func:`datavine.xcache.reader.open_with_failover`, the same code as ``open_input``);
+  (:func:`datavine.io.xcache.reader.open_with_failover`, the same code as ``open_input``);
 - a ``root://`` URL without a shard map: that URL, with uproot's ``XRootDSource`` (which,
   unlike fsspec-xrootd, does not keep handles to a dead server open);
 - anything else (a local path): uproot's default source.
 
 Each source opened inside a bundle is recorded in the bundle's
-:class:`~datavine.reading.ReadContext`, so its requested bytes reach the run summary as near
+:class:`~datavine.io.reading.ReadContext`, so its requested bytes reach the run summary as near
 or far bytes, exactly as reads through ``open_input`` do. Outside a bundle (on the client,
 or under coffea's own executors) nothing is recorded and no shard is used.
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import uproot
 
-from datavine import reading
-from datavine.shards import logical_name
+from datavine.io import reading
+from datavine.io.shards import logical_name
 
 XROOTD_SCHEMES = ("root://", "roots://", "xroot://")
 
@@ -61,7 +61,7 @@ def _construct(url: str, **options: Any) -> Any:
 def open_source(file_path: str, options: dict[str, Any]) -> Any:
     """The source for ``file_path`` (a shard's, when the bundle has a shard map), recorded
     in the bundle's read context."""
-    from datavine.xcache.reader import open_with_failover
+    from datavine.io.xcache.reader import open_with_failover
 
     ctx = reading.current()
     lfn = logical_name(file_path)

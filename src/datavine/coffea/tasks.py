@@ -35,10 +35,10 @@ from typing import Any
 
 import cloudpickle
 
-from datavine import reading
 from datavine.coffea.badfiles import classify, missing_module
 from datavine.coffea.source import shards_used_since
 from datavine.errors import DatavineError
+from datavine.io import reading
 
 _MAX_CAUSES = 16
 _MAX_TEXT = 4000

@@ -1,0 +1,247 @@
+"""The scale test's record: the figures the 200 Gbps challenge was judged by, and a timeline.
+
+:func:`build_report` is pure: it turns the files' metadata, the chunk records that came back
+from the workers (:class:`~datavine.apps.scaletest.tasks.ChunkRecord`) and the runtime's
+:class:`~datavine.scheduler.summary.RunSummary` (when there is one) into a :class:`ScaleReport`:
+
+- ``gbps``: compressed bytes read x 8 / processing wall time / 1e9 (every byte the chunks'
+  file handles requested, headers and metadata included; ``branch_bytes`` counts only the
+  baskets of the branches the analysis reads);
+- ``events_per_s``, ``khz`` and ``khz_per_core`` (per worker core connected);
+- ``files_processed`` (every chunk succeeded), ``files_failed`` and ``failed_files`` (names,
+  stage, error);
+- ``peak_memory_mb`` (largest of any worker) and ``peak_memory_mb_per_worker``;
+- ``timeline``: per time bin, connected and busy workers, data rate (Gbps) and event rate
+  (kHz), each chunk's events and bytes spread over the time it ran.
+
+The summary's fields (``samples``, ``worker_peak_mb``) are read with fallbacks to the chunk
+records, so that the report does not depend on one version of the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from datavine.apps.scaletest.tasks import ChunkRecord, FileInfo, Tally
+
+MAX_BINS = 120
+MIN_BIN_S = 0.25
+
+
+@dataclass
+class Timeline:
+    """Per bin of ``dt`` seconds from the start of processing (``t``: bin starts)."""
+
+    dt: float
+    t: list[float] = field(default_factory=list)
+    workers: list[float] = field(default_factory=list)
+    busy_workers: list[float] = field(default_factory=list)
+    gbps: list[float] = field(default_factory=list)
+    khz: list[float] = field(default_factory=list)
+
+
+@dataclass
+class ScaleReport:
+    """One scale test's figures; ``to_dict`` is the JSON record."""
+
+    files: int
+    files_processed: int
+    files_failed: int
+    failed_files: list[dict[str, Any]]
+    chunks: int
+    chunks_failed: int
+    events: int
+    events_expected: int
+    events_selected: int
+    bytes_read: int
+    branch_bytes: int
+    wall_s: float
+    gbps: float
+    events_per_s: float
+    khz: float
+    khz_per_core: float
+    workers: int
+    cores: int
+    peak_memory_mb: float
+    peak_memory_mb_per_worker: dict[str, float]
+    timeline: Timeline
+    histogram: dict[str, list[float]] = field(default_factory=dict)
+    setup_s: dict[str, float] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        return path
+
+    def lines(self) -> list[str]:
+        """The figures as a short text report."""
+        out = [
+            f"scale test: {self.events:,} events from {self.files_processed} of {self.files} "
+            f"files ({self.chunks - self.chunks_failed} of {self.chunks} chunks) in "
+            f"{self.wall_s:.2f} s on {self.workers} workers / {self.cores} cores",
+            f"  data rate   {self.gbps:.3f} Gbps ({self.bytes_read / 1e6:,.1f} MB compressed "
+            "read)",
+            f"  event rate  {self.khz:,.1f} kHz, {self.khz_per_core:,.1f} kHz per core",
+            f"  memory      peak {self.peak_memory_mb:,.0f} MB per worker (largest)",
+            f"  files       {self.files_processed} processed, {self.files_failed} failed",
+        ]
+        out.extend(f"    failed: {f['file']} ({f['stage']}): {f['error'][:160]}"
+                   for f in self.failed_files[:10])
+        return out
+
+    def figures_line(self) -> str:
+        """The headline figures as one ``key=value`` line."""
+        return (f"gbps={self.gbps:.4f} events_per_s={self.events_per_s:.0f} "
+                f"khz_per_core={self.khz_per_core:.1f} files_processed={self.files_processed} "
+                f"files_failed={self.files_failed} peak_memory_mb={self.peak_memory_mb:.0f} "
+                f"workers={self.workers} cores={self.cores} wall_s={self.wall_s:.2f}")
+
+
+def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: float,
+                 workers: int, cores: int, summary: Any = None, n_chunks: int | None = None,
+                 bin_s: float | None = None, passes: int = 1) -> ScaleReport:
+    """The report of a run whose processing started at epoch time ``t0`` and took
+    ``wall_s``; ``workers`` and ``cores`` are the pool's size during the run; ``passes``:
+    how many times the dataset was read."""
+    records = tally.records
+    failed_files = _failed_files(infos, records)
+    bad = {f["file"] for f in failed_files}
+    n_chunks = len(records) if n_chunks is None else n_chunks
+    events = tally.result.events
+    bytes_read = sum(r.bytes_read for r in records if not r.error)
+    rate = events / wall_s if wall_s > 0 else 0.0
+    per_worker = _peak_per_worker(records, summary)
+    return ScaleReport(
+        files=len(infos), files_processed=sum(1 for i in infos if i.path not in bad),
+        files_failed=len(bad), failed_files=failed_files, chunks=n_chunks,
+        chunks_failed=sum(1 for r in records if r.error), events=events,
+        events_expected=passes * sum(i.entries for i in infos if i.error is None),
+        events_selected=tally.result.events_selected, bytes_read=bytes_read,
+        branch_bytes=tally.result.bytes_read,
+        wall_s=wall_s, gbps=bytes_read * 8 / wall_s / 1e9 if wall_s > 0 else 0.0,
+        events_per_s=rate, khz=rate / 1e3, khz_per_core=rate / 1e3 / max(1, cores),
+        workers=workers, cores=cores,
+        peak_memory_mb=max(per_worker.values(), default=0.0),
+        peak_memory_mb_per_worker=per_worker,
+        timeline=build_timeline(records, t0=t0, wall_s=wall_s, summary=summary, bin_s=bin_s,
+                                workers=workers),
+        histogram={"edges": tally.result.edges.tolist(),
+                   "counts": tally.result.counts.tolist()},
+        summary=_summary_dict(summary))
+
+
+def build_timeline(records: Sequence[ChunkRecord], *, t0: float, wall_s: float,
+                   summary: Any = None, bin_s: float | None = None,
+                   workers: int | None = None) -> Timeline:
+    """Rates per time bin; each record's events and bytes spread evenly over its run time.
+    Connected workers come from the runtime's samples, else ``workers`` throughout."""
+    dt = bin_s if bin_s else max(MIN_BIN_S, wall_s / MAX_BINS)
+    n = max(1, math.ceil(wall_s / dt)) if wall_s > 0 else 1
+    events, nbytes, busy = [0.0] * n, [0.0] * n, [0.0] * n
+    for r in records:
+        start = min(max(r.t_start - t0, 0.0), n * dt)
+        end = min(max(r.t_end - t0, start), n * dt)
+        for b, overlap, share in _spread(start, end, dt, n):
+            if not r.error:
+                events[b] += r.events * share
+                nbytes[b] += r.bytes_read * share
+            busy[b] += overlap / dt
+    t = [round(b * dt, 4) for b in range(n)]
+    connected = _connected_workers(summary, t, dt) or (
+        [float(workers)] * n if workers is not None else [round(x, 3) for x in busy])
+    return Timeline(dt, t, connected, [round(x, 3) for x in busy],
+                    [round(x * 8 / dt / 1e9, 6) for x in nbytes],
+                    [round(x / dt / 1e3, 3) for x in events])
+
+
+def _spread(start: float, end: float, dt: float,
+            n: int) -> list[tuple[int, float, float]]:
+    """(bin, seconds of [start, end] in it, share of the interval in it) for each bin the
+    interval touches; an instant goes whole into its bin."""
+    first, last = min(n - 1, int(start // dt)), min(n - 1, int(end // dt))
+    span = end - start
+    if span <= 1e-9:
+        return [(first, 0.0, 1.0)]
+    out = []
+    for b in range(first, last + 1):
+        overlap = min(end, (b + 1) * dt) - max(start, b * dt)
+        if overlap > 0:
+            out.append((b, overlap, overlap / span))
+    return out
+
+
+def _connected_workers(summary: Any, t: list[float], dt: float) -> list[float] | None:
+    """Workers connected at each bin's middle, from the runtime's samples (seconds since
+    the run started, workers, cores), or None when there are none."""
+    samples = sorted(getattr(summary, "samples", None) or [])
+    if not samples:
+        return None
+    out, i, current = [], 0, float(samples[0][1])
+    for start in t:
+        middle = start + dt / 2
+        while i < len(samples) and samples[i][0] <= middle:
+            current = float(samples[i][1])
+            i += 1
+        out.append(current)
+    return out
+
+
+def _failed_files(infos: Sequence[FileInfo], records: Sequence[ChunkRecord]) -> list[dict]:
+    out = [{"file": i.path, "stage": "open", "error": i.error, "chunks_failed": 0}
+           for i in infos if i.error is not None]
+    by_file: dict[str, list[ChunkRecord]] = defaultdict(list)
+    for r in records:
+        if r.error:
+            by_file[r.path].append(r)
+    out.extend({"file": path, "stage": "process", "error": rs[0].error,
+                "chunks_failed": len(rs)} for path, rs in by_file.items())
+    return out
+
+
+def _peak_per_worker(records: Sequence[ChunkRecord], summary: Any) -> dict[str, float]:
+    """Peak memory per worker: the runtime's figures when it has them, else the records'."""
+    from_runtime = getattr(summary, "worker_peak_mb", None)
+    if from_runtime:
+        return {str(k): round(float(v), 1) for k, v in from_runtime.items()}
+    peaks: dict[str, float] = {}
+    for r in records:
+        peaks[r.worker] = round(max(peaks.get(r.worker, 0.0), r.peak_mb), 1)
+    return peaks
+
+
+def _summary_dict(summary: Any) -> dict[str, Any] | None:
+    """The run summary as JSON-ready data, without the per-task completions (the timeline
+    says it better)."""
+    if summary is None:
+        return None
+    data = _jsonable(summary)
+    if not isinstance(data, dict):
+        return None
+    data.pop("completions", None)
+    return data
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    if depth > 6:
+        return str(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name), depth + 1) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v, depth + 1) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

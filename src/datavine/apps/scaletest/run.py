@@ -1,0 +1,337 @@
+"""Run the scale test: the AGC-style analysis over a dataset on a pool, measured.
+
+:func:`run_scale_test` does, in order:
+
+1. the dataset: NanoAOD-like files made by :func:`datavine.io.datagen.generate_dataset`
+   (reused when already there), or the files of a fileset JSON (URLs or paths);
+2. optionally, a loopback XCache testbed (``xcache_shards``) that serves those files: tasks
+   read ``root://`` URLs of the origin through their shard (``RunConfig.shardmap``);
+3. the pool: a :class:`~datavine.manager.cluster.LocalCluster` by default; ``pool="external"``
+   waits for workers of a pool started elsewhere on ``port``; ``pool="condor"`` starts
+   HTCondor workers through ``vine_factory`` (:class:`~datavine.deploy.pools.CondorPool`). Workers
+   are connected before the clock starts, as the challenge's pools were pre-started;
+4. a first graph that reads each file's entry count on the workers (a file that does not
+   open is reported failed, not fatal), then the processing graph: one task per chunk
+   (:func:`datavine.apps.scaletest.tasks.run_chunk`) and a merge tree on the workers, timed;
+5. the report (:func:`datavine.apps.scaletest.report.build_report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import json
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from datavine.apps.scaletest.report import ScaleReport, build_report
+from datavine.apps.scaletest.tasks import FileInfo, Tally, file_info, merge_tallies, run_chunk
+from datavine.config import ConfigError
+from datavine.deploy.local_workers import default_workers
+from datavine.deploy.reaper import temporary_directory
+from datavine.errors import DatavineError
+from datavine.scheduler.graph import Key, add_merge_tree
+
+POOLS = ("local", "external", "condor")
+COMPRESSIONS = ("zstd", "lzma", "zlib", "lz4")
+
+
+class ScaleTestError(DatavineError):
+    """The scale test cannot run; the message names the setting or file at fault."""
+
+
+@dataclass(frozen=True)
+class ScaleTestConfig:
+    """Settings of one scale test (the ``datavine scale-test`` options).
+
+    Attributes:
+        files, events_per_file, compression, seed, data_dir: the generated dataset.
+        fileset: a JSON file of inputs instead (``{"dataset": ["url", ...]}``, coffea's
+            ``{"dataset": {"files": {url: tree}}}`` or a plain list); relative paths are
+            relative to the JSON file.
+        chunk_events: events per task (equal chunks within a file, as coffea makes them).
+        workers, cores, memory_mb: the pool (local default: one 1-core worker per core).
+        pool: ``local``, ``external`` (workers of a pool started elsewhere connect to
+            ``port`` with ``password_file``) or ``condor`` (HTCondor through vine_factory).
+        manager_host: where condor workers find the manager.
+        xcache_shards: serve the files through a loopback XCache testbed of N shards.
+        retries: attempts again of a chunk that failed with an I/O error.
+        merge_fanin: chunk results merged per merge task.
+        passes: read the dataset this many times, each pass's chunks tasks of their own: a
+            run long enough to show ramp-up, steady state and tail from a small generated
+            dataset (the CLI's default; ``--quick`` is one pass of today's 8 small files).
+        timeout_s: bound on the processing graph (``RunConfig.timeout_s``).
+        connect_timeout_s: how long to wait for the pool's workers.
+        bin_s: the timeline's bin width (default: the wall time / 120, at least 0.25 s).
+        progress: datavine's progress bar.
+        memory_caps: run every bundle under datavine's memory caps, in the library's
+            capped child (the default); ``False`` runs bundles in the library process.
+    """
+
+    files: int = 8
+    events_per_file: int = 100_000
+    chunk_events: int = 100_000
+    compression: str = "zstd"
+    seed: int = 0
+    data_dir: Path = Path("runs/scaletest/data")
+    fileset: Path | None = None
+    workers: int | None = None
+    cores: int = 1
+    memory_mb: int | None = None
+    pool: str = "local"
+    port: int = 0
+    password_file: Path | None = None
+    manager_host: str = "127.0.0.1"
+    xcache_shards: int = 0
+    retries: int = 1
+    merge_fanin: int = 8
+    passes: int = 1
+    timeout_s: float | None = None
+    connect_timeout_s: float = 120.0
+    bin_s: float | None = None
+    progress: bool = False
+    memory_caps: bool = True
+    tree: str = "Events"
+
+    def __post_init__(self) -> None:
+        for name in ("files", "events_per_file", "chunk_events", "cores", "passes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"scale test: {name} must be >= 1, got {getattr(self, name)}")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"scale test: workers must be >= 1, got {self.workers}")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"scale test: compression must be one of {COMPRESSIONS}, got "
+                              f"{self.compression!r}")
+        if self.pool not in POOLS:
+            raise ConfigError(f"scale test: pool must be one of {POOLS}, got {self.pool!r}")
+        if self.pool == "external" and not (self.port and self.password_file):
+            raise ConfigError("scale test: pool 'external' needs the manager's port and "
+                              "password file (--port, --password) that its workers use")
+        if self.merge_fanin < 2:
+            raise ConfigError(f"scale test: merge_fanin must be >= 2, got {self.merge_fanin}")
+        if self.xcache_shards < 0 or self.retries < 0:
+            raise ConfigError("scale test: xcache_shards and retries must be >= 0")
+
+    @property
+    def n_workers(self) -> int:
+        return self.workers or default_workers()
+
+
+def run_scale_test(config: ScaleTestConfig, cluster: Any = None) -> ScaleReport:
+    """Run the scale test; ``cluster`` (a started datavine cluster) replaces the pool."""
+    setup: dict[str, float] = {}
+    t = time.monotonic()
+    files = dataset_files(config)
+    setup["data_s"] = round(time.monotonic() - t, 3)
+    with contextlib.ExitStack() as stack:
+        t = time.monotonic()
+        shardmap, files = serve_files(stack, config, files)
+        setup["xcache_s"] = round(time.monotonic() - t, 3)
+        t = time.monotonic()
+        if cluster is None:
+            cluster = start_cluster(stack, config, shardmap)
+        setup["cluster_s"] = round(time.monotonic() - t, 3)
+        t = time.monotonic()
+        infos = read_file_infos(cluster, files, config.tree)
+        setup["metadata_s"] = round(time.monotonic() - t, 3)
+        chunks = make_chunks(infos, config.chunk_events) * config.passes
+        t0 = time.time()
+        started = time.monotonic()
+        tally = process_chunks(cluster, chunks, config) if chunks else Tally()
+        wall_s = time.monotonic() - started
+        summary = getattr(cluster, "last_summary", None) if chunks else None
+        workers, cores = pool_size(cluster, summary)
+    report = build_report(infos, tally, wall_s=wall_s, t0=t0, workers=workers, cores=cores,
+                          summary=summary, n_chunks=len(chunks), bin_s=config.bin_s,
+                          passes=config.passes)
+    report.setup_s = setup
+    report.config = {k: (str(v) if isinstance(v, Path) else v)
+                     for k, v in asdict(config).items()}
+    return report
+
+
+# ---------------------------------------------------------------------------------------
+# dataset
+
+
+def dataset_files(config: ScaleTestConfig) -> list[str]:
+    """The input files: the fileset's, or the generated dataset (made once)."""
+    if config.fileset is not None:
+        return fileset_files(config.fileset)
+    from datavine.io.datagen import generate_dataset
+
+    try:
+        paths = generate_dataset(config.data_dir, config.files, config.events_per_file,
+                                 config.compression, seed=config.seed)
+    except OSError as exc:
+        raise ScaleTestError(f"cannot write the generated data into {config.data_dir}: "
+                             f"{exc.strerror or exc}") from exc
+    return [str(p.resolve()) for p in paths]
+
+
+def fileset_files(path: Path) -> list[str]:
+    """Every file of a fileset JSON, in order, each once."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ScaleTestError(f"cannot read the fileset {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ScaleTestError(f"the fileset {path} is not JSON: {exc}") from exc
+    names: list[str] = []
+    groups = doc.values() if isinstance(doc, dict) else [doc]
+    for group in groups:
+        if isinstance(group, dict):
+            group = group.get("files", [])
+        if isinstance(group, dict):
+            group = list(group)
+        if not isinstance(group, list) or not all(isinstance(n, str) for n in group):
+            raise ScaleTestError(f"the fileset {path}: expected lists of file names or URLs "
+                                 "per dataset, or {'files': {...}}")
+        names.extend(group)
+    base = Path(path).resolve().parent
+    files = [n if "://" in n else str((base / n).resolve()) for n in names]
+    if not files:
+        raise ScaleTestError(f"the fileset {path} names no files")
+    return list(dict.fromkeys(files))
+
+
+def serve_files(stack: contextlib.ExitStack, config: ScaleTestConfig,
+                files: list[str]) -> tuple[Any, list[str]]:
+    """Without XCache: (None, files). With it: a testbed serving the files' folder, and the
+    files' ``root://`` URLs at its origin."""
+    if not config.xcache_shards:
+        return None, files
+    from datavine.apps.cli import readable_folder
+    from datavine.io.xcache.testbed import xcache_missing
+
+    why = xcache_missing()
+    if why:
+        raise ScaleTestError(f"--xcache needs XRootD: {why}")
+    local = [Path(f) for f in files if "://" not in f]
+    if len(local) != len(files) or len({p.parent for p in local}) != 1:
+        raise ScaleTestError("--xcache serves local files of one folder (the generated "
+                             "dataset), not a fileset of URLs")
+    from datavine.apps.analysis.sources import origin_url
+    from datavine.io.xcache.testbed import XCacheTestbed
+
+    user = "xrootd" if os.geteuid() == 0 else None
+    folder, served = stack.enter_context(readable_folder(local[0].parent, local, user))
+    racks = [("A", "B")[i % 2] for i in range(config.xcache_shards)]
+    testbed = stack.enter_context(XCacheTestbed(folder, n_shards=config.xcache_shards,
+                                                racks=racks))
+    return testbed.shard_map(), [origin_url(p, folder, testbed.origin_url) for p in served]
+
+
+# ---------------------------------------------------------------------------------------
+# pool
+
+
+def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap: Any) -> Any:
+    """A started cluster with its workers connected; closed by ``stack``."""
+    from datavine.config import ManagerConfig, RunConfig
+    from datavine.manager.cluster import Cluster, LocalCluster
+
+    run_dir = stack.enter_context(temporary_directory("datavine-scaletest-"))
+    stack.callback(gc.collect)  # the TaskVine manager writes its logs when collected
+    run = RunConfig(progress=config.progress, timeout_s=config.timeout_s, shardmap=shardmap,
+                    no_worker_timeout_s=max(60.0, config.connect_timeout_s))
+    if not config.memory_caps:
+        run = run.replace(memory=None)
+    cluster: Any
+    if config.pool == "local":
+        cluster = LocalCluster(workers=config.n_workers, cores=config.cores,
+                               memory_mb=config.memory_mb, manager=ManagerConfig(
+                                   run_dir=run_dir), run=run,
+                               connect_timeout_s=config.connect_timeout_s)
+    elif config.pool == "external":
+        manager = ManagerConfig(port=config.port, password_file=config.password_file,
+                                run_dir=run_dir)
+        cluster = Cluster(manager, run, min_workers=config.n_workers,
+                          connect_timeout_s=config.connect_timeout_s)
+    else:
+        cluster = Cluster(ManagerConfig(port=config.port, run_dir=run_dir), run)
+    stack.callback(cluster.close)
+    cluster.start()
+    if config.pool == "condor":
+        start_condor_workers(stack, config, cluster)
+    return cluster
+
+
+def start_condor_workers(stack: contextlib.ExitStack, config: ScaleTestConfig,
+                         cluster: Any) -> None:
+    """HTCondor workers for ``cluster`` through vine_factory, connected before returning."""
+    from datavine.deploy.pools import CondorPool, FactoryConfig
+    from datavine.deploy.pools.condor import pool_missing
+
+    why = pool_missing()
+    if why:
+        raise ScaleTestError(f"--pool condor: {why}")
+    factory = FactoryConfig(config.manager_host, cluster.port, batch="condor",
+                            workers=config.n_workers, min_workers=config.n_workers,
+                            cores=config.cores, memory_mb=config.memory_mb,
+                            password_file=cluster.password_file, idle_timeout_s=300)
+    pool = CondorPool(factory, name=f"scaletest-{uuid.uuid4().hex[:6]}")
+    stack.enter_context(pool)
+    cluster.runtime.wait_for_workers(config.n_workers, config.connect_timeout_s)
+
+
+def pool_size(cluster: Any, summary: Any) -> tuple[int, int]:
+    """(workers, cores) of the pool during the run: the most the runtime sampled, else
+    what is connected now."""
+    samples = getattr(summary, "samples", None) or []
+    if samples:
+        return max(s[1] for s in samples), max(s[2] for s in samples)
+    runtime = getattr(cluster, "runtime", None)
+    if runtime is not None:
+        return runtime.connected_workers(), runtime.connected_cores()
+    return int(getattr(summary, "workers", 0) or 0), int(getattr(summary, "workers", 0) or 0)
+
+
+# ---------------------------------------------------------------------------------------
+# graphs
+
+
+def read_file_infos(cluster: Any, files: Sequence[str], tree: str) -> list[FileInfo]:
+    """Each file's entry count, read on the workers (one task per file)."""
+    token = uuid.uuid4().hex
+    graph = {("scaletest-open", token, i): (file_info, f, tree) for i, f in enumerate(files)}
+    return list(cluster.get(graph, list(graph)))
+
+
+def make_chunks(infos: Sequence[FileInfo], chunk_events: int) -> list[tuple[str, int, int]]:
+    """Equal chunks of about ``chunk_events`` entries per readable file."""
+    chunks = []
+    for info in infos:
+        if info.error is not None or info.entries == 0:
+            continue
+        pieces = max(1, -(-info.entries // chunk_events))
+        bounds = [info.entries * i // pieces for i in range(pieces + 1)]
+        chunks.extend((info.path, lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo)
+    return chunks
+
+
+def process_chunks(cluster: Any, chunks: Sequence[tuple[str, int, int]],
+                   config: ScaleTestConfig) -> Tally:
+    graph, final = analysis_graph(chunks, config.retries, config.merge_fanin)
+    return cluster.get(graph, [final])[0]
+
+
+def analysis_graph(chunks: Sequence[tuple[str, int, int]], retries: int,
+                   fanin: int) -> tuple[dict[Key, Any], Key]:
+    """A task per chunk (the path a direct argument, so datavine sees what it reads) and a
+    merge tree, ``fanin`` at a time; returns (graph, final key)."""
+    token = uuid.uuid4().hex
+    graph: dict[Key, Any] = {}
+    for i, (path, start, stop) in enumerate(chunks):
+        graph[("agc-chunk", token, i)] = (run_chunk, path, start, stop, retries)
+    final = add_merge_tree(graph, list(graph), fanin,
+                           key=lambda depth, j: ("agc-merge", token, depth, j),
+                           task=lambda keys: (merge_tallies, keys))
+    return graph, final
+

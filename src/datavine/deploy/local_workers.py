@@ -1,0 +1,174 @@
+"""Local ``vine_worker`` processes on 127.0.0.1: the embedded default worker pool.
+
+Each worker leads a session of its own, and everything it forks stays in that session
+(:mod:`datavine.deploy.sessions`): its libraries, which it puts in process groups of their own, and
+its ``[transfer server]``, which outlives a SIGKILLed worker and would keep the manager's
+connection open for TaskVine's long timeout. A watch thread notices a worker that exited and
+kills what it left at once, so the manager sees the connection close and re-runs the
+worker's calls elsewhere within a second; the client's reaper (:mod:`datavine.deploy.reaper`) stops
+the workers should the client itself be killed. Workers get the manager's password file,
+their rack/feature labels, and a PATH whose ``python`` is this interpreter, so libraries run
+in the same environment as the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from datavine.config import LocalWorkersConfig
+from datavine.deploy.binaries import vine_binary
+from datavine.deploy.reaper import reaper
+from datavine.deploy.sessions import kill_session, stop_session
+from datavine.io.xcache.reader import XRD_CLIENT_ENV
+from datavine.scheduler.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_of, worker_feature
+
+STOP_GRACE_S = 5.0
+WATCH_S = 0.25  # how often the watch thread looks for workers that exited
+
+
+def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
+                   password_file: Path | None, ssl: bool, host: str = "127.0.0.1",
+                   labels: tuple[str, ...] = ()) -> list[str]:
+    """The ``vine_worker`` command line for one local worker (pure); ``labels`` are the
+    worker's own features (its name and rack) on top of ``cfg.features``."""
+    cmd = [str(vine_binary("vine_worker")), host, str(port), "--cores", str(cfg.cores),
+           "--workspace", str(workdir), "--timeout", str(cfg.idle_timeout_s)]
+    if cfg.memory_mb:
+        cmd += ["--memory", str(cfg.memory_mb)]
+    if cfg.disk_mb:
+        cmd += ["--disk", str(cfg.disk_mb)]
+    if password_file:
+        cmd += ["--password", str(password_file)]
+    if ssl:
+        cmd.append("--ssl")
+    for feature in dict.fromkeys((*cfg.features, *labels)):
+        cmd += ["--feature", feature]
+    return cmd
+
+
+def default_workers() -> int:
+    """One 1-core local worker per core this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def local_worker_id(index: int) -> str:
+    """The name of local worker ``index``: ``local-<index>``."""
+    return f"local-{index}"
+
+
+def worker_labels(index: int, cfg: LocalWorkersConfig) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Features and environment naming local worker ``index`` and its rack (pure)."""
+    worker_id = local_worker_id(index)
+    features = [worker_feature(worker_id)]
+    env = {ENV_WORKER: worker_id}
+    rack = rack_of(index, cfg.workers, cfg.racks) if cfg.racks else None
+    if rack:
+        features.append(rack_feature(rack))
+        env[ENV_RACK] = rack
+    return tuple(features), env
+
+
+def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for workers: this interpreter first on PATH, single-threaded BLAS."""
+    env = {**XRD_CLIENT_ENV, **os.environ}  # fast XRootD failover in tasks, user values win
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    env.update(extra or {})
+    return env
+
+
+class LocalWorkers:
+    """Start, watch and stop local workers connected to a manager on this host."""
+
+    def __init__(self, cfg: LocalWorkersConfig, port: int, run_dir: Path, *,
+                 password_file: Path | None, ssl: bool = False) -> None:
+        self.cfg = cfg
+        self.port = port
+        self.run_dir = Path(run_dir)
+        self.password_file = password_file
+        self.ssl = ssl
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.exited: dict[int, int] = {}  # worker index -> exit status, as the watch saw it
+        self._stop_watch = threading.Event()
+        self._watch: threading.Thread | None = None
+
+    def start(self, count: int | None = None, features: tuple[str, ...] | None = None) -> None:
+        n = self.cfg.workers if count is None else count
+        cfg = self.cfg if features is None else _with_features(self.cfg, features)
+        for _ in range(n):
+            index = len(self.procs)
+            workdir = self.run_dir / f"worker-{index}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            log = open(self.run_dir / f"worker-{index}.log", "ab")  # noqa: SIM115
+            features, labels_env = worker_labels(index, cfg)
+            cmd = worker_command(cfg, self.port, workdir, password_file=self.password_file,
+                                 ssl=self.ssl, labels=features)
+            self.procs.append(subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=worker_environment({**cfg.extra_env, **labels_env}),
+                start_new_session=True))
+            reaper().add_session(self.procs[-1].pid)
+            log.close()
+        if self._watch is None:
+            self._stop_watch.clear()
+            self._watch = threading.Thread(target=self._watch_loop, name="datavine-workers",
+                                           daemon=True)
+            self._watch.start()
+
+    def _watch_loop(self) -> None:
+        """Kill what each exited worker left behind, as soon as it exits (see the module)."""
+        while not self._stop_watch.wait(WATCH_S):
+            for index, proc in enumerate(list(self.procs)):
+                if index not in self.exited and proc.poll() is not None:
+                    self.exited[index] = proc.returncode
+                    kill_session(proc.pid)
+
+    def alive(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    def alive_ids(self) -> set[str]:
+        """Names (``local-<i>``) of the workers still running."""
+        return {local_worker_id(i) for i, p in enumerate(self.procs) if p.poll() is None}
+
+    def kill(self, index: int) -> None:
+        """Kill one worker and everything it started at once (for failure tests)."""
+        kill_session(self.procs[index].pid)
+
+    def stop(self) -> None:
+        """Stop every worker: SIGTERM (a worker then stops its libraries), SIGKILL to what is
+        left of its session after ``STOP_GRACE_S``; bounded, idempotent."""
+        self._stop_watch.set()
+        if self._watch is not None:
+            self._watch.join(timeout=5)
+            self._watch = None
+        for proc in self.procs:
+            _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, signal.SIGCONT)  # a frozen worker acts on it at once
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            stop_session(proc.pid, grace_s=1.0)  # libraries, transfer servers, capped children
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)
+            reaper().remove_session(proc.pid)
+        self.procs.clear()
+        self.exited.clear()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _with_features(cfg: LocalWorkersConfig, features: tuple[str, ...]) -> LocalWorkersConfig:
+    from dataclasses import replace
+
+    return replace(cfg, features=tuple(cfg.features) + tuple(features))

@@ -1,0 +1,225 @@
+"""``vine_factory`` command lines and JSON configs, built from one dataclass (pure, no I/O).
+
+A :class:`FactoryConfig` says what a pool of TaskVine workers looks like (how many, how big,
+their labels, whom they serve); :func:`factory_command` and :func:`factory_json` turn it into
+what ``vine_factory`` reads. The pools in :mod:`datavine.deploy.pools.condor` and
+:mod:`datavine.deploy.pools.local` run the result; the fast tests assert on it.
+
+Defaults that differ from vine_factory's own, on purpose:
+
+- ``min_workers=0`` (vine_factory: 5): no worker is kept without work unless asked;
+- ``catalog`` is a loopback address: the factory reports to its catalog every minute and
+  hands the address to every worker, and the default is a public server at Notre Dame;
+- ``idle_timeout_s`` is always passed: vine_factory never removes an idle worker itself,
+  workers leave through their own idle timeout, which is how a pool scales down.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from datavine.config import ConfigError
+from datavine.scheduler.labels import rack_feature
+
+Batch = Literal["condor", "local"]
+BATCHES: tuple[str, ...] = ("condor", "local")
+# Nothing listens there unless a local catalog_server is started on purpose.
+NO_CATALOG = "127.0.0.1:9097"
+# vine_factory puts features in double quotes inside a shell command line (condor.sh runs
+# `eval "$@"`): keep them to characters that need no quoting.
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_.:=+@%,/-]+$")
+
+
+@dataclass(frozen=True)
+class FactoryConfig:
+    """One pool of TaskVine workers started by ``vine_factory``.
+
+    Whom the workers serve:
+        manager_host, manager_port: the TaskVine manager (direct, no catalog lookup).
+        password_file: the manager's password; workers without it are rejected.
+        ssl: workers connect with TLS.
+        catalog: where the factory reports and workers look up managers; loopback by
+            default so that nothing leaves the site.
+
+    How many:
+        workers: most workers at once (``--max-workers``).
+        min_workers: workers kept even without work (``--min-workers``); a pre-started
+            pool sets it to ``workers``.
+        idle_timeout_s: a worker without work for this long exits (``--timeout``).
+        factory_period_s: how often the factory looks at the manager (``--factory-period``).
+        workers_per_cycle: most new workers per period; ``None`` keeps vine_factory's 5.
+
+    How big, and labels:
+        cores, memory_mb, disk_mb: per worker; also the batch job's request.
+        features: worker features (``--feature``); ``rack`` adds ``rack:<rack>``.
+        named: each worker gets a unique name, the feature ``worker:<name>``
+            (:mod:`datavine.deploy.pools.identity`), so that placement can send a bundle to the
+            worker that read its file, as with local workers.
+
+    Batch system:
+        batch: ``"condor"`` (jobs through condor_submit) or ``"local"`` (processes here).
+        extra_condor_submit: extra lines for the HTCondor submit file (``-B``), e.g.
+            ``'+AccountingGroup = "group_cms"'`` or ``'requirements = (Machine == "a")'``.
+        scratch_dir: the factory's folder (submit files, worker binary, logs).
+        debug_workers: workers write a debug log, brought back to ``scratch_dir``.
+    """
+
+    manager_host: str
+    manager_port: int
+    batch: Batch = "condor"
+    workers: int = 1
+    min_workers: int = 0
+    cores: int = 1
+    memory_mb: int | None = None
+    disk_mb: int | None = None
+    features: tuple[str, ...] = ()
+    rack: str | None = None
+    password_file: Path | None = None
+    ssl: bool = False
+    idle_timeout_s: int = 300
+    factory_period_s: int = 5
+    workers_per_cycle: int | None = None
+    catalog: str = NO_CATALOG
+    extra_condor_submit: tuple[str, ...] = ()
+    scratch_dir: Path | None = None
+    debug_workers: bool = False
+    named: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch not in BATCHES:
+            raise ConfigError(f"FactoryConfig.batch must be one of {BATCHES}, got {self.batch!r}")
+        if not self.manager_host or any(c.isspace() for c in self.manager_host):
+            raise ConfigError(f"FactoryConfig.manager_host is not a host: {self.manager_host!r}")
+        if not 0 < self.manager_port < 65536:
+            raise ConfigError(f"FactoryConfig.manager_port={self.manager_port} is not a TCP port")
+        if self.workers < 1:
+            raise ConfigError(f"FactoryConfig.workers must be >= 1, got {self.workers}")
+        if not 0 <= self.min_workers <= self.workers:
+            raise ConfigError(f"FactoryConfig.min_workers must be in 0..workers={self.workers}, "
+                              f"got {self.min_workers}")
+        for name in ("cores", "idle_timeout_s", "factory_period_s"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"FactoryConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("memory_mb", "disk_mb", "workers_per_cycle"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"FactoryConfig.{name} must be >= 1 or None, got {value}")
+        for feature in self.all_features:
+            if not _SAFE_WORD.match(feature):
+                raise ConfigError(f"FactoryConfig feature {feature!r}: use letters, digits "
+                                  "and _.:=+@%,/- only")
+        for line in self.extra_condor_submit:
+            if "\n" in line or "\\n" in line:
+                raise ConfigError(f"FactoryConfig.extra_condor_submit: one line each: {line!r}")
+        if self.extra_condor_submit and self.batch != "condor":
+            raise ConfigError("FactoryConfig.extra_condor_submit needs batch='condor'")
+
+    @property
+    def all_features(self) -> tuple[str, ...]:
+        """``features`` plus the rack feature, in order, without repeats."""
+        extra = (rack_feature(self.rack),) if self.rack else ()
+        return tuple(dict.fromkeys((*self.features, *extra)))
+
+    @property
+    def manager(self) -> str:
+        return f"{self.manager_host}:{self.manager_port}"
+
+
+def factory_json(cfg: FactoryConfig) -> dict[str, Any]:
+    """The settings vine_factory re-reads from its ``-C`` file every period.
+
+    Editing this file (``factory.json`` in a pool's scratch folder) rescales a running pool.
+    """
+    doc: dict[str, Any] = {
+        "max-workers": cfg.workers,
+        "min-workers": cfg.min_workers,
+        "timeout": cfg.idle_timeout_s,
+        "cores": cfg.cores,
+    }
+    if cfg.memory_mb is not None:
+        doc["memory"] = cfg.memory_mb
+    if cfg.disk_mb is not None:
+        doc["disk"] = cfg.disk_mb
+    if cfg.workers_per_cycle is not None:
+        doc["workers-per-cycle"] = cfg.workers_per_cycle
+    return doc
+
+
+def factory_config_text(cfg: FactoryConfig) -> str:
+    return json.dumps(factory_json(cfg), indent=2, sort_keys=True) + "\n"
+
+
+def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
+                    config_file: Path | None = None, debug_file: Path | None = None,
+                    parent_death: bool = False, wrapper: Path | None = None) -> list[str]:
+    """The ``vine_factory`` command line for ``cfg`` (pure).
+
+    ``config_file``: a JSON file with :func:`factory_json`'s content, re-read each period.
+    ``debug_file``: the factory's debug log (batch and vine subsystems).
+    ``parent_death``: the factory exits, removing its workers, when its parent dies.
+    ``wrapper``: the script that names each worker (``cfg.named``); vine_factory copies it
+    into its scratch folder and ships it with every job.
+    """
+    cmd = [binary, "-T", cfg.batch, "--catalog", cfg.catalog,
+           "--min-workers", str(cfg.min_workers), "--max-workers", str(cfg.workers),
+           "--timeout", str(cfg.idle_timeout_s), "--factory-period", str(cfg.factory_period_s),
+           "--cores", str(cfg.cores)]
+    if cfg.workers_per_cycle is not None:
+        cmd += ["--workers-per-cycle", str(cfg.workers_per_cycle)]
+    if cfg.memory_mb is not None:
+        cmd += ["--memory", str(cfg.memory_mb)]
+    if cfg.disk_mb is not None:
+        cmd += ["--disk", str(cfg.disk_mb)]
+    for feature in cfg.all_features:
+        cmd += ["--feature", feature]
+    if cfg.password_file is not None:
+        cmd += ["--password", str(cfg.password_file)]
+    if cfg.ssl:
+        cmd.append("--ssl")
+    if cfg.scratch_dir is not None:
+        cmd += ["--scratch-dir", str(cfg.scratch_dir)]
+    if cfg.extra_condor_submit:
+        # vine_factory expands the two characters backslash-n into a newline (-B).
+        cmd += ["--batch-options", "\\n".join(cfg.extra_condor_submit)]
+    if cfg.debug_workers:
+        cmd.append("--debug-workers")
+    if cfg.named and wrapper is not None:
+        cmd += ["--wrapper", f"./{wrapper.name}", "--wrapper-input", str(wrapper)]
+    if config_file is not None:
+        cmd += ["--config-file", str(config_file)]
+    if debug_file is not None:
+        cmd += ["--debug", "batch", "--debug", "vine", "--debug-file", str(debug_file)]
+    if parent_death:
+        cmd.append("--parent-death")
+    return [*cmd, cfg.manager_host, str(cfg.manager_port)]
+
+
+def config_to_dict(cfg: FactoryConfig) -> dict[str, Any]:
+    """A JSON-able dict of ``cfg`` (paths as strings, tuples as lists)."""
+    out = asdict(cfg)
+    for key, value in out.items():
+        if isinstance(value, Path):
+            out[key] = str(value)
+        elif isinstance(value, tuple):
+            out[key] = list(value)
+    return out
+
+
+def config_from_dict(doc: dict[str, Any]) -> FactoryConfig:
+    """Inverse of :func:`config_to_dict`; unknown keys are an error naming them."""
+    known = {f.name for f in fields(FactoryConfig)}
+    unknown = set(doc) - known
+    if unknown:
+        raise ConfigError(f"unknown FactoryConfig keys: {sorted(unknown)}")
+    values = dict(doc)
+    for key in ("password_file", "scratch_dir"):
+        if values.get(key) is not None:
+            values[key] = Path(values[key])
+    for key in ("features", "extra_condor_submit"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return FactoryConfig(**values)

@@ -1,0 +1,189 @@
+"""One ``get`` call: the driver that carries events from TaskVine to the run's state machine
+and its instructions back.
+
+:class:`GraphRun` owns no decision: :class:`datavine.scheduler.run_state.RunState` decides what to
+submit, retry, withdraw, drop or raise. The driver reads the clock, samples the pool through
+the runtime's port (:class:`datavine.manager.runtime.Runtime`: connected cores, calls' states, calls
+TaskVine requeued, workers lost, the library's health), waits for calls (every wait bounded),
+and maps the state's call and temp numbers onto TaskVine's tasks and files. It also does the
+I/O the state cannot: progress on the terminal, the result hook (the coffea executor's
+progress and partial merge), fetching kept values after Ctrl-C, and stopping the calls of a
+run that failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from datavine.config import RunConfig
+from datavine.manager.progress import RunProgress
+from datavine.scheduler import graph as graphs
+from datavine.scheduler.run_state import (
+    TASK_READY,
+    CallDone,
+    CallWithdrawn,
+    Deliver,
+    DropTemp,
+    Event,
+    Fail,
+    Instruction,
+    PoolSample,
+    RunState,
+    Submit,
+    Tick,
+    Withdraw,
+)
+
+if TYPE_CHECKING:
+    from datavine.manager.runtime import Runtime
+
+Key = Hashable
+SALVAGE_S = 15.0  # at most this long fetching kept values after Ctrl-C
+REFRESH_S = 1.0  # how often the pool is sampled and the library's health is checked
+
+
+class GraphRun:
+    """Drive one ``get`` call's :class:`RunState` on a runtime (or a fake of its port)."""
+
+    def __init__(self, rt: Runtime, graph: graphs.TaskGraph, cfg: RunConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rt = rt
+        self.clock = clock
+        self.state = RunState(graph, cfg, rt.learned, now=clock(), port=rt.port)
+        self.cfg = cfg
+        self.tasks: dict[int, int] = {}  # the state's call -> TaskVine task id
+        self.calls: dict[int, int] = {}  # TaskVine task id -> call
+        self.temps: dict[int, Any] = {}  # the state's temp -> TaskVine file
+        self.progress = RunProgress(len(graph), enabled=cfg.progress)
+        self.bytes_at_start = rt.file_bytes()
+        self.library = ""
+
+    def execute(self) -> dict[Key, Any]:
+        self.library = self.rt.ensure_library()
+        state = self.state
+        last_sample = state.start
+        try:
+            with self.progress:
+                while not state.finished:
+                    now = self.clock()
+                    events: list[Event] = []
+                    if now - last_sample >= REFRESH_S:
+                        events.append(self._sample(now))
+                        last_sample = now
+                    events.append(Tick(now, self.rt.connected_workers(),
+                                       self.rt.connected_cores()))
+                    self._apply(state.handle(*events))
+                    done = self.rt.wait(int(self.cfg.wait_s))
+                    call = self.calls.pop(done.id, None) if done is not None else None
+                    if done is not None and call is not None:
+                        del self.tasks[call]
+                        self._apply(state.handle(CallDone(call, done.result, done.addrport,
+                                                          self.clock(), done.failure)))
+        except KeyboardInterrupt:
+            self._salvage()
+            raise
+        finally:
+            self._close()
+        return state.results()
+
+    def _sample(self, now: float) -> PoolSample:
+        gone, lost_addr = self.rt.drop_lost_workers()
+        requeued = frozenset(c for t in self.rt.requeues.read()
+                             if (c := self.calls.get(t)) is not None)
+        states = {call: self.rt.call_state(task) for call, task in self.tasks.items()}
+        self.rt.check_library()  # raises once the library keeps dying
+        return PoolSample(now, self.rt.connected_workers(), self.rt.connected_cores(), states,
+                          requeued, frozenset(gone), frozenset(lost_addr))
+
+    # --- instructions ----------------------------------------------------------------------
+    def _apply(self, instructions: Iterable[Instruction]) -> None:
+        """Carry out ``instructions`` (and those their answers call for); a :class:`Fail` is
+        raised after the rest, so no temp is left declared."""
+        pending = deque(instructions)
+        failure: BaseException | None = None
+        while pending:
+            ins = pending.popleft()
+            if isinstance(ins, Submit):
+                self._submit(ins)
+            elif isinstance(ins, Withdraw):
+                task = self.tasks.get(ins.call)
+                if task is not None and self.rt.call_state(task) == TASK_READY:
+                    self.rt.cancel(task)
+                    del self.tasks[ins.call], self.calls[task]
+                    pending.extend(self.state.handle(CallWithdrawn(ins.call)))
+            elif isinstance(ins, DropTemp):
+                file = self.temps.pop(ins.temp, None)
+                if file is not None:
+                    self.rt.undeclare(file)
+            elif isinstance(ins, Deliver):
+                self.progress.advance(len(ins.keys))
+                hook = getattr(self.rt, "result_hook", None)  # e.g. the coffea executor's
+                if hook is not None:
+                    hook(ins.keys, ins.values)
+            elif isinstance(ins, Fail):
+                failure = failure or ins.error
+        if failure is not None:
+            raise failure
+
+    def _submit(self, ins: Submit) -> None:
+        for temp in ins.store.values():
+            if temp not in self.temps:
+                self.temps[temp] = self.rt.declare_temp()
+        task = self.rt.submit_bundle(
+            self.rt.dumps(ins.spec), ins.cap_mb, ins.preload, ins.limit_s, list(ins.features),
+            fetch={name: self.temps[t] for name, t in ins.fetch.items()},
+            store={name: self.temps[t] for name, t in ins.store.items()})
+        self.tasks[ins.call], self.calls[task] = task, ins.call
+
+    # --- the end ---------------------------------------------------------------------------
+    def _salvage(self) -> None:
+        """Interrupted: hand the result hook the values still kept on workers (the coffea
+        executor merges what finished), fetched before their temps are dropped."""
+        hook = getattr(self.rt, "result_hook", None)
+        if hook is None:
+            return
+        deadline = self.clock() + SALVAGE_S
+        failed: set[str | None] = set()  # a worker that did not answer is not asked again
+        for key, held in list(self.state.kept.held.items()):
+            file = self.temps.get(held.file)
+            if file is None or held.worker in failed or self.clock() > deadline:
+                continue
+            data = self.rt.fetch(file)
+            if data is None:
+                failed.add(held.worker)
+            else:
+                hook([], {key: cloudpickle.loads(data)})
+
+    def _close(self) -> None:
+        """Withdraw what was not dispatched yet, and stop the calls still running (a run that
+        failed or timed out abandons them): TaskVine cannot cancel a function call (that
+        confused the worker's slot: the next call hung), so the library is restarted, which
+        kills them, and the cluster's slots are free for the next run at once. Then every
+        temp still declared is dropped, and the summary written."""
+        running = []
+        for task in self.tasks.values():
+            if self.rt.call_state(task) == TASK_READY:
+                self.rt.cancel(task)
+            else:
+                running.append(task)
+        if running:
+            self.state.summary.abandoned = len(running)
+            self.rt.restart_library(tuple(running))
+        self.tasks.clear()
+        self.calls.clear()
+        for ins in self.state.close():  # after the calls are gone: only DropTemp
+            file = self.temps.pop(ins.temp, None) if isinstance(ins, DropTemp) else None
+            if file is not None:
+                self.rt.undeclare(file)
+        (out_now, in_now), (out_then, in_then) = self.rt.file_bytes(), self.bytes_at_start
+        summary = self.state.summarize(self.clock() - self.state.start,
+                                       self.rt.connected_workers(), out_now - out_then,
+                                       in_now - in_then)
+        self.rt.last_summary = summary
+        if self.cfg.progress:
+            self.progress.print_summary(summary)

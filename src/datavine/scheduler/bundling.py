@@ -1,0 +1,209 @@
+"""Pure planning: which ready dask tasks go to a worker together, as one function call.
+
+A TaskVine function call costs a few milliseconds of manager and network time, while a
+trivial dask task costs microseconds. The planner therefore sends *bundles*: some ready
+tasks (seeds) plus every task whose dependencies all lie inside the bundle or are already
+computed (the closure), so a subtree of a reduction runs in one process and only its
+frontier values travel. Bundle size follows measured task durations per category
+(``target_bundle_s``); unknown categories are spread evenly over the free slots. A task
+that reads an input file is a seed of its own, so it can be placed near its data and
+retried alone.
+
+No I/O here: the runtime feeds results in and asks for bundles out.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+
+from datavine.scheduler.graph import TaskGraph
+
+Key = Hashable
+
+
+@dataclass
+class Bundle:
+    """Tasks sent together. ``keys`` is in execution order."""
+
+    id: int
+    keys: list[Key]
+    inputs: set[Key]
+    outputs: set[Key]
+    files: tuple[str, ...] = ()
+    attempts: int = 0
+
+
+@dataclass
+class CostModel:
+    """Exponential moving average of task durations per category."""
+
+    alpha: float = 0.3
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, category: str, count: int, total_s: float) -> None:
+        if count <= 0:
+            return
+        per_task = total_s / count
+        old = self.seconds.get(category)
+        self.seconds[category] = per_task if old is None else old + self.alpha * (per_task - old)
+
+    def estimate(self, category: str) -> float | None:
+        return self.seconds.get(category)
+
+
+def bundle_size(estimate_s: float | None, n_ready: int, n_bundles: int, *,
+                target_s: float, max_tasks: int) -> int:
+    """How many seeds to put in the next bundle.
+
+    Known cost: enough tasks for ``target_s`` of work. Unknown cost: the ready tasks spread
+    evenly over the bundles that can be submitted now. Always within [1, max_tasks].
+    """
+    if estimate_s is not None and estimate_s > 0:
+        size = math.floor(target_s / estimate_s)
+        # never starve free slots of work when many tasks are ready
+        size = min(size, math.ceil(n_ready / max(1, n_bundles)))
+    else:
+        size = math.ceil(n_ready / max(1, n_bundles))
+    return max(1, min(max_tasks, size))
+
+
+class Planner:
+    """Tracks which tasks are ready, running and done, and forms bundles."""
+
+    def __init__(self, graph: TaskGraph, *, files: Callable[[Key], tuple[str, ...]],
+                 costs: CostModel, target_s: float, max_tasks: int) -> None:
+        self.graph = graph
+        self._files = files
+        self.costs = costs
+        self._target_s = target_s
+        self._max_tasks = max_tasks
+        self._ids = itertools.count()
+        self._missing = {k: len(d) for k, d in graph.dependencies.items()}
+        self._ready: list[tuple[int, Key]] = []
+        self._scheduled: set[Key] = set()
+        self.done: set[Key] = set()
+        for key, n in self._missing.items():
+            if n == 0:
+                heapq.heappush(self._ready, (graph.priority[key], key))
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.graph)
+
+    @property
+    def n_ready(self) -> int:
+        return len(self._ready)
+
+    def next_bundles(self, n_bundles: int) -> list[Bundle]:
+        """Up to ``n_bundles`` bundles from the ready tasks, highest priority first."""
+        bundles = []
+        while len(bundles) < n_bundles:
+            while self._drop_stale():
+                pass
+            if not self._ready:
+                break
+            bundles.append(self._form(n_bundles - len(bundles)))
+        return bundles
+
+    def _form(self, n_bundles: int) -> Bundle:
+        first_key = self._ready[0][1]
+        category = self.graph.category(first_key)
+        size = bundle_size(self.costs.estimate(category), len(self._ready), n_bundles,
+                           target_s=self._target_s, max_tasks=self._max_tasks)
+        members: list[Key] = []
+        files: list[str] = []
+        while self._ready and len(members) < size:
+            if self._drop_stale():
+                continue
+            key = self._ready[0][1]
+            key_files = self._files(key)
+            if key_files and members:
+                break  # a file-reading task starts its own bundle
+            heapq.heappop(self._ready)
+            members.append(key)
+            files.extend(key_files)
+            if key_files:
+                break
+        self._scheduled.update(members)
+        members = self._closure(members)
+        member_set = set(members)
+        members.sort(key=self.graph.priority.__getitem__)
+        inputs = {d for k in members for d in self.graph.dependencies[k] if d not in member_set}
+        outputs = {
+            k for k in members
+            if k in self.graph.outputs or any(d not in member_set for d in self.graph.dependents[k])
+        }
+        return Bundle(next(self._ids), members, inputs, outputs, tuple(files))
+
+    def _drop_stale(self) -> bool:
+        """Pop a ready entry already taken by another bundle's closure, or waiting again for
+        a dependency that must be recomputed (:meth:`undo`): lazy deletion."""
+        if self._ready and (self._ready[0][1] in self._scheduled
+                            or self._missing[self._ready[0][1]] > 0):
+            heapq.heappop(self._ready)
+            return True
+        return False
+
+    def _closure(self, members: list[Key]) -> list[Key]:
+        """Add every dependent whose dependencies are all in the bundle or done."""
+        inside = set(members)
+        queue = list(members)
+        while queue:
+            key = queue.pop()
+            for dep in self.graph.dependents[key]:
+                if dep in inside or dep in self._scheduled or self._files(dep):
+                    continue
+                if all(d in inside or d in self.done for d in self.graph.dependencies[dep]):
+                    inside.add(dep)
+                    self._scheduled.add(dep)
+                    members.append(dep)
+                    queue.append(dep)
+        return members
+
+    def complete(self, bundle: Bundle) -> None:
+        """Mark a bundle's tasks done and release their dependents."""
+        members = set(bundle.keys)
+        self.done.update(members)
+        for key in bundle.keys:
+            for dep in self.graph.dependents[key]:
+                if dep in members:
+                    continue
+                self._missing[dep] -= 1
+                if self._missing[dep] == 0 and dep not in self._scheduled:
+                    heapq.heappush(self._ready, (self.graph.priority[dep], dep))
+
+    def requeue(self, bundle: Bundle) -> None:
+        """Put a failed bundle's tasks back: they are ready again (their inputs are kept)."""
+        self._scheduled.difference_update(bundle.keys)
+        for key in bundle.keys:
+            if self._missing[key] == 0:
+                heapq.heappush(self._ready, (self.graph.priority[key], key))
+
+    def undo(self, lost: Iterable[Key], available: Callable[[Key], bool]) -> set[Key]:
+        """Done tasks whose values were lost (the worker holding them left) must run again,
+        with every done task they need whose value is gone too (consumed and dropped),
+        back to values still held or to the graph's sources. Returns the tasks undone; those
+        whose dependencies are all done and available are ready again."""
+        undone: set[Key] = set()
+        todo = [k for k in lost if k in self.done]
+        while todo:
+            key = todo.pop()
+            if key in undone:
+                continue
+            undone.add(key)
+            todo.extend(d for d in self.graph.dependencies[key]
+                        if d in self.done and d not in undone and not available(d))
+        self.done.difference_update(undone)
+        self._scheduled.difference_update(undone)
+        for key in undone:
+            self._missing[key] = sum(d not in self.done for d in self.graph.dependencies[key])
+            for dep in self.graph.dependents[key]:
+                if dep not in undone and dep not in self.done:
+                    self._missing[dep] += 1
+            if self._missing[key] == 0:
+                heapq.heappush(self._ready, (self.graph.priority[key], key))
+        return undone

@@ -1,0 +1,209 @@
+"""Placement: which workers a task should run on, given where its input files live.
+
+Pure decisions, no I/O. A task reads files; each file belongs to one XCache shard, and each
+shard sits in a rack (see :mod:`datavine.io.shards`). A worker is *near* a task when
+
+1. it has already read one of the task's files (its node cache or page cache has it), or
+2. it sits in the rack of the shard that holds the file (no cross-switch traffic);
+
+anything else is *far*. :func:`decide` does delay scheduling: it holds a task for a short
+while when the near workers are busy, but never longer than ``policy.max_wait_s``, and never
+when no near worker is connected at all (waiting for a worker that does not exist only adds
+latency). The runtime turns a :class:`Placement` into TaskVine calls (worker ids, a rack
+feature); this module does not know about TaskVine.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Literal
+
+from datavine.io.shards import ShardMap, logical_name
+
+
+class Tier(IntEnum):
+    """How near a worker is to a task's data; higher is better."""
+
+    FAR = 0
+    RACK = 1
+    CACHED = 2
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What placement knows about one connected worker."""
+
+    id: str
+    rack: str | None = None
+    free_slots: int = 1
+    files_read: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class TaskInputs:
+    """A task's input files (logical names) and the rack of the shard holding each."""
+
+    files: tuple[str, ...]
+    racks: Mapping[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def from_shardmap(cls, files: Iterable[str], shardmap: ShardMap) -> TaskInputs:
+        lfns = tuple(dict.fromkeys(logical_name(f) for f in files))
+        return cls(lfns, {f: shardmap.rack_for(f) for f in lfns})
+
+    def rack_counts(self) -> Counter[str]:
+        return Counter(r for f in self.files if (r := self.racks.get(f)) is not None)
+
+    def home_rack(self) -> str | None:
+        """The rack holding most of the task's files (ties broken by name)."""
+        counts = self.rack_counts()
+        if not counts:
+            return None
+        return min(counts, key=lambda r: (-counts[r], r))
+
+
+@dataclass(frozen=True, order=True)
+class Score:
+    """Preference of one worker for one task; compares best-first with ``max``."""
+
+    tier: Tier
+    cached_files: int
+    rack_files: int
+
+
+@dataclass(frozen=True)
+class PlacementPolicy:
+    """Delay-scheduling limits, in seconds of the task's time in the ready queue.
+
+    ``cache_wait_s``: how long to hold out for a worker that already read the files before
+    settling for one in the right rack. ``max_wait_s``: how long to hold out for any near
+    worker before running anywhere; it caps ``cache_wait_s`` too.
+    """
+
+    max_wait_s: float = 5.0
+    cache_wait_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_wait_s < 0 or self.cache_wait_s < 0:
+            raise ValueError("waits must be >= 0")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The decision for one task.
+
+    ``action == "run"``: dispatch now, restricted to ``workers`` (best first; empty means
+    any worker) and, if set, to workers with the rack feature ``rack``.
+    ``action == "hold"``: keep the task queued; ask again after ``retry_after_s``.
+    """
+
+    action: Literal["run", "hold"]
+    tier: Tier
+    workers: tuple[str, ...] = ()
+    rack: str | None = None
+    retry_after_s: float = 0.0
+    reason: str = ""
+
+    @property
+    def anywhere(self) -> bool:
+        return self.action == "run" and not self.workers and self.rack is None
+
+
+def score(task: TaskInputs, worker: WorkerView) -> Score:
+    """How near ``worker`` is to ``task``'s data."""
+    # Reads go through the file's shard: a worker outside that shard's rack that read the
+    # file before is still far from it.
+    cached = 0
+    if worker.files_read:
+        cached = sum(1 for f in task.files if f in worker.files_read
+                     and task.racks.get(f) in (None, worker.rack))
+    in_rack = 0
+    if worker.rack is not None:
+        in_rack = sum(1 for f in task.files if task.racks.get(f) == worker.rack)
+    tier = Tier.CACHED if cached else Tier.RACK if in_rack else Tier.FAR
+    return _score(tier, cached, in_rack)
+
+
+@functools.lru_cache(maxsize=4096)
+def _score(tier: Tier, cached: int, in_rack: int) -> Score:
+    """Scores are small and immutable: share them (decisions score every worker)."""
+    return Score(tier, cached, in_rack)
+
+
+def rank_workers(task: TaskInputs, workers: Iterable[WorkerView]) -> list[WorkerView]:
+    """Workers best first: by score, then by free slots, then by id (deterministic)."""
+    by_id = sorted(workers, key=lambda w: w.id)  # the sort below is stable, also reversed
+    return sorted(by_id, key=lambda w: (score(task, w), w.free_slots), reverse=True)
+
+
+def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
+           policy: PlacementPolicy | None = None) -> Placement:
+    """Where ``task`` should run now, or whether to hold it (delay scheduling)."""
+    policy = policy or PlacementPolicy()
+    if not task.files:
+        return Placement("run", Tier.FAR, reason="task reads no known input files")
+    if not workers:
+        return Placement("run", Tier.FAR, reason="no workers connected")
+
+    scores = {w.id: score(task, w) for w in workers}
+    best_connected = max(s.tier for s in scores.values())
+    # rank_workers' order restricted to free workers, each scored once: at facility size
+    # (hundreds of workers, most of them busy) this is most of a decision's cost.
+    free = sorted(sorted((w for w in workers if w.free_slots > 0), key=lambda w: w.id),
+                  key=lambda w: (scores[w.id], w.free_slots), reverse=True)
+    best_free = max((scores[w.id].tier for w in free), default=None)
+
+    # The tier we still insist on, given how long the task has waited.
+    cache_wait_s = min(policy.cache_wait_s, policy.max_wait_s)
+    if waited_s < cache_wait_s:
+        wanted = best_connected
+    elif waited_s < policy.max_wait_s and any(s.rack_files for s in scores.values()):
+        wanted = min(best_connected, Tier.RACK)
+    else:  # waited long enough, or no worker sits in a rack of its files: none to wait for
+        wanted = Tier.FAR
+
+    if best_free is not None and best_free >= wanted:
+        return _run([w for w in free if scores[w.id].tier == best_free], best_free)
+    if wanted > Tier.FAR:
+        limit = cache_wait_s if wanted == Tier.CACHED else policy.max_wait_s
+        return Placement("hold", wanted, retry_after_s=max(limit - waited_s, 0.0),
+                         reason=f"near workers ({wanted.name.lower()}) are busy; "
+                                f"waited {waited_s:.1f} s of {limit:.1f} s")
+    return Placement("run", Tier.FAR, reason="no near worker free: any worker")
+
+
+def _run(candidates: list[WorkerView], tier: Tier) -> Placement:
+    """Run on ``candidates`` (free workers of one tier, best first)."""
+    if tier == Tier.FAR:
+        return Placement("run", tier, reason="no near worker to wait for: any worker")
+    if tier == Tier.CACHED:
+        return Placement("run", tier, workers=tuple(w.id for w in candidates),
+                         reason="workers that already read its files")
+    # Files may sit in several racks: take the rack of the best candidate, so that the
+    # worker ids and the rack feature say the same thing.
+    rack = candidates[0].rack
+    ids = tuple(w.id for w in candidates if w.rack == rack)
+    return Placement("run", tier, workers=ids, rack=rack, reason=f"workers in rack {rack}")
+
+
+def placement_off_reason(policy: PlacementPolicy | None, shardmap: ShardMap | None,
+                         worker_racks: Iterable[str | None]) -> str | None:
+    """Why placement could not keep reads near although it is on, or None.
+
+    Placement needs racks on both sides: the shards' (the shard map) and the workers'
+    (local workers' ``racks``, a pool's ``--rack``, or the facility file's pools).
+    """
+    if policy is None or shardmap is None:
+        return None
+    if all(s.rack is None for s in shardmap.shards):
+        return ("placement is off: the XCache shards have no racks (give each shard a rack "
+                "in the facility file)")
+    if all(r is None for r in worker_racks):
+        return ("placement is off: no worker has a rack (start pools with --rack, or name "
+                "their racks in the facility file's [[pools]]; local workers take racks=)")
+    return None
+

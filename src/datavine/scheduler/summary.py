@@ -1,0 +1,173 @@
+"""What a run did: counts, times, memory, placement and bytes read, gathered by the runtime.
+
+Shown at the end of a run (``lines``) and kept as ``Runtime.last_summary`` for reports
+(``to_dict`` is JSON-ready).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CategoryStats:
+    """Per task category: how many ran, their time, and the memory seen."""
+
+    tasks: int = 0
+    seconds: float = 0.0
+    peak_mb: float = 0.0
+    cap_mb: float | None = None
+    overruns: int = 0
+
+
+@dataclass
+class ReadStats:
+    """Bytes tasks read through :func:`datavine.io.reading.open_input`, by nearness."""
+
+    near_bytes: int = 0  # from a shard in the worker's rack, or a file on the worker
+    far_bytes: int = 0  # from another rack's shard or the origin
+    by_server: Counter[str] = field(default_factory=Counter)
+    opens: int = 0
+    failovers: int = 0
+    failover_errors: list[str] = field(default_factory=list)
+
+    @property
+    def near_fraction(self) -> float:
+        total = self.near_bytes + self.far_bytes
+        return self.near_bytes / total if total else 0.0
+
+
+@dataclass
+class Traffic:
+    """Bytes of values and calls: through the manager (its file bytes out and in: call
+    arguments, results, inline values), made and kept on workers, and fetched by a call on
+    another worker than the one holding them (peer to peer)."""
+
+    manager_out: int = 0
+    manager_in: int = 0
+    kept: int = 0
+    peer: int = 0
+
+    @property
+    def manager(self) -> int:
+        return self.manager_out + self.manager_in
+
+
+@dataclass
+class RunSummary:
+    """Figures for one ``get`` call.
+
+    ``samples``: (seconds since start, workers, cores) about once a second;
+    ``completions``: (seconds since start, key, worker) for every task;
+    ``failures``: why each retry or overrun happened, in order; ``lost_workers``: workers
+    (names or addresses) that left or were declared lost during the run; ``timeouts``: tasks
+    stopped at their time limit; ``abandoned``: calls still running when the run ended (it
+    failed), stopped by restarting the library; ``recomputed``: tasks run again because
+    values kept on a lost worker were needed; ``traffic``: where the values' bytes went.
+    """
+
+    tasks: int = 0
+    bundles: int = 0
+    retries: int = 0
+    failures: list[str] = field(default_factory=list)
+    lost_workers: list[str] = field(default_factory=list)
+    timeouts: int = 0
+    abandoned: int = 0
+    recomputed: int = 0
+    traffic: Traffic = field(default_factory=Traffic)
+    wall_s: float = 0.0
+    workers: int = 0
+    categories: dict[str, CategoryStats] = field(default_factory=lambda: defaultdict(CategoryStats))
+    hosts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    worker_peak_mb: dict[str, float] = field(default_factory=dict)
+    placement: Counter[str] = field(default_factory=Counter)
+    reads: ReadStats = field(default_factory=ReadStats)
+    memory: dict[str, dict[str, float]] = field(default_factory=dict)
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+    completions: list[tuple[float, Hashable, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. why placement could not act
+
+    @property
+    def tasks_per_s(self) -> float:
+        return self.tasks / self.wall_s if self.wall_s > 0 else 0.0
+
+    def add_reads(self, reads: Iterable[Mapping[str, Any]], worker_rack: str | None) -> None:
+        """Account a bundle's read records (see :class:`datavine.io.reading.ReadRecord`)."""
+        stats = self.reads
+        for r in reads:
+            nbytes = int(r.get("bytes", 0))
+            near = r.get("server") == "local" or (
+                worker_rack is not None and r.get("rack") == worker_rack)
+            if near:
+                stats.near_bytes += nbytes
+            else:
+                stats.far_bytes += nbytes
+            stats.by_server[str(r.get("server"))] += nbytes
+            stats.opens += 1
+            errors = r.get("errors", ())
+            stats.failovers += len(errors)
+            stats.failover_errors.extend(f"{r.get('lfn')}: {s}: {e}" for s, e in errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (dataclasses.asdict cannot copy the defaultdicts)."""
+        reads = self.reads
+        return {
+            "tasks": self.tasks, "bundles": self.bundles, "retries": self.retries,
+            "failures": list(self.failures), "lost_workers": list(self.lost_workers),
+            "timeouts": self.timeouts, "abandoned": self.abandoned,
+            "recomputed": self.recomputed,
+            "traffic": asdict(self.traffic),
+            "wall_s": self.wall_s, "workers": self.workers,
+            "tasks_per_s": self.tasks_per_s,
+            "categories": {k: asdict(v) for k, v in self.categories.items()},
+            "hosts": dict(self.hosts), "worker_peak_mb": dict(self.worker_peak_mb),
+            "placement": dict(self.placement), "memory": dict(self.memory),
+            "reads": {"near_bytes": reads.near_bytes, "far_bytes": reads.far_bytes,
+                      "near_fraction": reads.near_fraction, "by_server": dict(reads.by_server),
+                      "opens": reads.opens, "failovers": reads.failovers,
+                      "failover_errors": list(reads.failover_errors)},
+            "samples": [list(s) for s in self.samples],
+            "completions": [(t, str(k), w) for t, k, w in self.completions],
+            "notes": list(self.notes),
+        }
+
+    def lines(self) -> list[str]:
+        out = [
+            f"datavine: {self.tasks} tasks in {self.bundles} bundles on {self.workers} workers, "
+            f"{self.wall_s:.2f} s ({self.tasks_per_s:,.0f} tasks/s), {self.retries} retries"
+        ]
+        for name, cat in sorted(self.categories.items(), key=lambda kv: -kv[1].seconds)[:8]:
+            memory = f"peak {cat.peak_mb:5.0f}" + (f" / cap {cat.cap_mb:.0f}" if cat.cap_mb else "")
+            over = f", {cat.overruns} over cap" if cat.overruns else ""
+            out.append(f"  {name:<18} {cat.tasks:>6} tasks {cat.seconds:6.1f} s "
+                       f"{memory} MB{over}")  # fits 80 columns
+        if self.placement:
+            out.append("  placement: " + ", ".join(f"{k} {v}" for k, v in
+                                                   sorted(self.placement.items())))
+        out.extend(f"  note: {n}" for n in self.notes)
+        r = self.reads
+        if r.opens:
+            mb = 2**20
+            out.append(f"  reads: {r.opens} opens, {r.near_bytes / mb:,.1f} MB near, "
+                       f"{r.far_bytes / mb:,.1f} MB far ({r.near_fraction:.1%} near), "
+                       f"{r.failovers} failovers")
+            out.extend(f"    failover: {e}" for e in r.failover_errors[:5])
+        t = self.traffic
+        if t.kept or t.manager:
+            mb = 2**20
+            out.append(f"  data: {t.manager / mb:,.1f} MB through the manager, {t.kept / mb:,.1f} "
+                       f"MB kept on workers, {t.peer / mb:,.1f} MB worker to worker")
+        if self.lost_workers:
+            out.append(f"  lost workers: {', '.join(self.lost_workers[:8])}"
+                       + (f" ({len(self.lost_workers)} in all)" if len(self.lost_workers) > 8
+                          else ""))
+        if self.timeouts or self.abandoned:
+            out.append(f"  {self.timeouts} tasks stopped at their time limit, {self.abandoned} "
+                       "running calls stopped when the run ended")
+        out.extend(f"  failure: {f}" for f in self.failures[:10])
+        if len(self.failures) > 10:
+            out.append(f"  ... {len(self.failures) - 10} more failures (last_summary.failures)")
+        return out

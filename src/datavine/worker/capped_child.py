@@ -1,0 +1,212 @@
+"""Worker side: one long-lived forked child that runs capped calls one after another.
+
+:func:`datavine.worker.memcap.run_capped` forks a fresh child per call. That is safe but slow for
+short calls: a fresh child's heap is new or copy-on-write, so every large array faults its
+pages in again (a 100k-event ZSTD chunk: ~100 ms in a fresh child against ~65 ms in a warm
+process, with 4x the page faults). :class:`CappedChild` keeps one child alive between calls,
+so its allocator, imports and caches stay warm, and watches it the same way during each call:
+
+* the parent (the TaskVine library) sends each call down a pipe; the child runs it and answers
+  with a :mod:`datavine.worker.memcap` frame that also carries its own peak RSS during the call
+  (``VmHWM``, reset before each call through ``/proc/self/clear_refs``);
+* during a call the parent polls the RSS of the child's process group against that call's
+  cap, and SIGKILLs the group when it goes over: only that call is lost, and the next call
+  gets a fresh child;
+* a child that dies (a crash, the OOM killer), leaves processes running after a call, or idles
+  at more than ``recycle_fraction`` of the next call's cap (memory its allocator kept) is
+  replaced before the next call: :func:`needs_fresh_child` decides, a pure function.
+
+A cap therefore reads as it does for :func:`~datavine.worker.memcap.run_capped`: "the process would
+show this RSS", what ``ps`` and TaskVine's resource monitor count. The child's
+``PR_SET_PDEATHSIG`` ties it to the thread that forked it: use one instance per process, from
+its main thread. Imported on workers: keep the imports light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import struct
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import cloudpickle
+
+from datavine.worker import memcap
+from datavine.worker.memcap import CappedResult
+
+_LENGTH = struct.Struct("!Q")  # a request: its length, then cloudpickle((fn, args, kwargs))
+# A learned cap is >= 1.25 x the largest peak (MemoryPolicy.headroom), and a peak includes
+# what the child held before the call, so a child that keeps its usual memory between calls
+# idles under 0.8 x its cap: only one that grew (a leak, caches) beyond that is replaced.
+RECYCLE_FRACTION = 0.8
+
+
+def needs_fresh_child(alive: bool, idle_mb: float, cap_mb: float | None,
+                      recycle_fraction: float) -> bool:
+    """Whether the next call under ``cap_mb`` must start in a new child: there is none, or the
+    one there already holds more than ``recycle_fraction`` of the cap while idle."""
+    if not alive:
+        return True
+    return cap_mb is not None and idle_mb > recycle_fraction * cap_mb
+
+
+class CappedChild:
+    """A reusable child process for capped calls (see the module's docstring).
+
+    ``run`` has :func:`datavine.worker.memcap.run_capped`'s contract (a call over its cap or past
+    ``time_limit_s`` is killed): it never raises for what happens in the child, and returns
+    a :class:`~datavine.worker.memcap.CappedResult` whose
+    ``baseline_mb`` is the child's RSS before the call. ``close`` ends the child."""
+
+    def __init__(self, *, poll_s: float = 0.02, scan_every_s: float = 0.25,
+                 recycle_fraction: float = RECYCLE_FRACTION) -> None:
+        self.poll_s = poll_s
+        self.scan_every_s = scan_every_s
+        self.recycle_fraction = recycle_fraction
+        self.pid: int | None = None
+        self.started = 0  # children forked so far
+        self._requests = self._results = -1
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None, *, cap_mb: float | None,
+            time_limit_s: float | None = None) -> CappedResult:
+        started = time.perf_counter()
+        request = cloudpickle.dumps((fn, args, kwargs or {}))
+        alive = self.pid is not None and not memcap.exited(self.pid)
+        idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm") if alive else 0
+        if needs_fresh_child(alive, idle_kb / 1024.0, cap_mb, self.recycle_fraction):
+            self.close()
+            self._start()
+            idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
+        assert self.pid is not None
+        pid = self.pid
+        watch = memcap.Watch(pid, cap_mb, self.scan_every_s, time_limit_s)
+        try:
+            self._send(request)
+            frame = memcap.collect(self._results, watch, self.poll_s)
+        except BrokenPipeError:  # it died between two calls: the frame says nothing
+            frame = bytearray()
+        except BaseException:
+            self.close()
+            raise
+        flags, hwm_kb = memcap.frame_header(frame)
+        whole = not (watch.exceeded or watch.timed_out) and memcap.frame_complete(frame)
+        status = self._stop() if not whole or flags & memcap.LEFT_BEHIND else 0
+        return memcap.capped_result(frame, status, watch, max(watch.peak_kb, hwm_kb), started,
+                                    idle_kb)
+
+    def close(self) -> None:
+        """End the child (and whatever is left in its process group), if there is one."""
+        if self.pid is not None:
+            self._stop()
+
+    def __enter__(self) -> CappedChild:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        parent = os.getpid()
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        with contextlib.suppress(OSError):
+            memcap.set_pipe_size(res_w)
+        memcap.prepare_fork()
+        gc.freeze()  # the child's collections then skip the library's objects: no mass COW copy
+        pid = os.fork()
+        if pid == 0:
+            os.close(req_w)
+            os.close(res_r)
+            _serve(req_r, res_w, parent)
+        gc.unfreeze()
+        os.close(req_r)
+        os.close(res_w)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        self.pid, self._requests, self._results = pid, req_w, res_r
+        self.started += 1
+
+    def _send(self, request: bytes) -> None:
+        for part in (_LENGTH.pack(len(request)), request):
+            view = memoryview(part)
+            while view:
+                view = view[os.write(self._requests, view):]
+
+    def _stop(self) -> int:
+        """Kill the child's group, reap the child: its wait status."""
+        pid, self.pid = self.pid, None
+        for fd in (self._requests, self._results):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._requests = self._results = -1
+        if pid is None:
+            return 0
+        memcap.kill_group(pid)
+        status, _ = memcap.reap(pid)
+        return status
+
+
+# --- child side -------------------------------------------------------------------------------
+def _serve(requests: int, results: int, parent: int) -> NoReturn:
+    """The child's loop: a request in, a frame out, until the parent closes the pipe."""
+    code = 70
+    try:
+        if memcap.enter_child(parent):
+            memcap.become_subreaper()  # orphans of a call come back here, to be counted
+            while True:
+                request = _read_request(requests)
+                if request is None:
+                    code = 0
+                    break
+                memcap.reset_peak()
+                try:
+                    fn, args, kwargs = cloudpickle.loads(request)
+                except BaseException as exc:
+                    memcap.answer(results, _raise, (exc,), {}, _after_call)
+                    continue
+                del request
+                memcap.answer(results, fn, args, kwargs, _after_call)
+                del fn, args, kwargs
+    finally:
+        os._exit(code)
+
+
+def _raise(exc: BaseException) -> NoReturn:
+    raise exc
+
+
+def _read_request(fd: int) -> bytes | None:
+    head = _read_exact(fd, _LENGTH.size)
+    if head is None:
+        return None
+    return _read_exact(fd, _LENGTH.unpack(head)[0])
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    buf = bytearray(size)
+    view, pos = memoryview(buf), 0
+    while pos < size:
+        got = os.readv(fd, [view[pos:]])
+        if not got:
+            return None  # the parent closed the pipe: time to go
+        pos += got
+    return bytes(buf)
+
+
+def _after_call() -> tuple[int, int]:
+    """(flags, peak kB) after a call: LEFT_BEHIND when it left descendants running."""
+    left = memcap.reap_descendants()
+    return (memcap.LEFT_BEHIND if left else 0), _hwm_kb()
+
+
+def _hwm_kb() -> int:
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1])
+    return 0

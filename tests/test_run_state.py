@@ -1,0 +1,289 @@
+"""The run's state machine (:class:`datavine.scheduler.run_state.RunState`) driven event by
+event: no
+TaskVine, no driver, no clock. Each test plays the pool by hand (which call finishes, on which
+worker, with what status; which worker leaves when) and asserts on the instructions that come
+out: what is submitted (and under what cap, where), withdrawn, dropped, delivered, raised."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from datavine.config import RunConfig
+from datavine.errors import (
+    BundleFailedError,
+    MemoryCapError,
+    NoWorkersError,
+    RunTimeoutError,
+    TaskTimeLimitError,
+)
+from datavine.scheduler import graph as graphs
+from datavine.scheduler.memory import MemoryPolicy
+from datavine.scheduler.run_state import (
+    CallDone,
+    CallWithdrawn,
+    Deliver,
+    DropTemp,
+    Fail,
+    Instruction,
+    Learned,
+    PoolSample,
+    RunState,
+    Submit,
+    Tick,
+    Withdraw,
+)
+from datavine.worker import remote
+
+CFG = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, bundles_per_slot=1,
+                no_worker_timeout_s=30, timeout_s=0)
+
+
+def big(i: int) -> Any:
+    import numpy as np
+
+    return np.full(32 * 1024, float(i))  # 256 KiB: kept on the worker
+
+
+def add(*parts: Any) -> Any:
+    return sum(parts[1:], parts[0])
+
+
+def boom() -> None:
+    raise ValueError("bad calibration file")
+
+
+def tree(n: int, fanin: int) -> tuple[dict[Any, Any], Any]:
+    dsk: dict[Any, Any] = {("big", i): (big, i) for i in range(n)}
+    final = graphs.add_merge_tree(dsk, list(dsk), fanin, key=lambda d, j: ("add", d, j),
+                                  task=lambda keys: (add, *keys))
+    return dsk, final
+
+
+class Pool:
+    """Plays TaskVine and its workers for one RunState, by hand."""
+
+    def __init__(self, dsk: dict[Any, Any], keys: list[Any], cfg: RunConfig = CFG,
+                 cores: int = 2) -> None:
+        self.state = RunState(graphs.build(dsk, keys), cfg, Learned.fresh(cfg), now=0.0,
+                              port=9123)
+        self.now = 0.0
+        self.cores = cores
+        self.out: dict[int, Submit] = {}  # calls submitted, not finished
+        self.declared: set[int] = set()
+        self.made: dict[int, tuple[str, bytes]] = {}  # temp -> (worker, bytes)
+        self.sandbox = Path(tempfile.mkdtemp(prefix="datavine-state-"))
+
+    def step(self, *events: Any) -> list[Instruction]:
+        out = self.state.handle(*events)
+        for ins in out:
+            if isinstance(ins, Submit):
+                self.out[ins.call] = ins
+                self.declared |= set(ins.store.values())
+            elif isinstance(ins, DropTemp):
+                self.declared.remove(ins.temp)  # dropped twice, or never declared: a bug
+                self.made.pop(ins.temp, None)
+        return out
+
+    def tick(self, dt: float = 0.1, workers: int | None = None) -> list[Instruction]:
+        self.now += dt
+        n = self.cores if workers is None else workers
+        return self.step(Tick(self.now, n, n))
+
+    def result(self, call: int, worker: str) -> dict[str, Any]:
+        """Run the call's spec for real, as the worker would, in a sandbox of its own."""
+        ins = self.out[call]
+        box = Path(tempfile.mkdtemp(dir=self.sandbox))
+        for name, temp in ins.fetch.items():
+            (box / name).write_bytes(self.made[temp][1])
+        result = remote.execute_payload(cloudpickle.dumps(ins.spec), str(box))
+        for name, temp in ins.store.items():
+            if (box / name).exists():
+                self.made[temp] = (worker, (box / name).read_bytes())
+        return result
+
+    def finish(self, call: int, worker: str = "w1", result: Any = "run") -> list[Instruction]:
+        if result == "run":
+            result = self.result(call, worker)
+        self.out.pop(call)
+        return self.step(CallDone(call, result, worker, self.now))
+
+    def drain(self, worker: str = "w1") -> list[Instruction]:
+        seen: list[Instruction] = []
+        for _ in range(200):
+            if self.state.finished:
+                return seen
+            seen += self.tick()
+            for call in list(self.out):
+                seen += self.finish(call, worker)
+        raise AssertionError("the run did not finish")
+
+
+def of(kind: type, instructions: list[Instruction]) -> list[Any]:
+    return [i for i in instructions if isinstance(i, kind)]
+
+
+def test_a_tree_keeps_its_values_on_workers_and_drops_each_when_consumed() -> None:
+    dsk, final = tree(4, 2)
+    pool = Pool(dsk, [final])
+    seen = pool.drain()
+    (value,) = pool.state.results().values()
+    assert value[0] == sum(range(4))
+    submits = of(Submit, seen)
+    assert sum(len(s.spec["nodes"]) for s in submits) == 7 and not of(Fail, seen)
+    # every value that crossed from one bundle to another stayed on the worker that made it,
+    # and was fetched once, by its consumer
+    stored = sorted(t for s in submits for t in s.store.values())
+    assert len(stored) >= 2 and stored == sorted(t for s in submits for t in s.fetch.values())
+    assert all(not s.spec["inputs"] for s in submits)
+    assert not pool.declared, "temps left declared"
+    assert [k for d in of(Deliver, seen) for k in d.keys][-1] == final
+
+
+def test_inline_mode_stores_nothing() -> None:
+    dsk, final = tree(4, 2)
+    pool = Pool(dsk, [final], CFG.replace(keep_on_workers=False))
+    seen = pool.drain()
+    assert all(not s.store and not s.fetch for s in of(Submit, seen))
+    assert pool.state.summarize(1.0, 2, 0, 0).traffic.kept == 0
+
+
+def test_an_overrun_is_retried_under_a_larger_cap_then_gives_up_at_the_ceiling() -> None:
+    cfg = CFG.replace(memory=MemoryPolicy(default_mb=512, floor_mb=256, ceiling_mb=2048))
+    pool = Pool({"x": (int, 1)}, ["x"], cfg)
+    (first,) = of(Submit, pool.tick())
+    assert first.cap_mb == 512
+    over = {"status": remote.STATUS_MEMORY, "peak_mb": 700.0, "cap_mb": 512.0}
+    assert not of(Fail, pool.finish(first.call, result=over))
+    (second,) = of(Submit, pool.tick())
+    assert second.cap_mb is not None and second.cap_mb >= 1024
+    assert pool.state.summary.retries == 1
+    assert not of(Fail, pool.finish(second.call, result={**over, "peak_mb": 1500.0}))
+    (third,) = of(Submit, pool.tick())
+    assert third.cap_mb == 2048
+    (fail,) = of(Fail, pool.finish(third.call, result={**over, "peak_mb": 2100.0}))
+    assert isinstance(fail.error, MemoryCapError)
+
+
+def test_a_call_lost_with_its_worker_runs_again_anywhere_then_fails_naming_it() -> None:
+    cfg = CFG.replace(max_retries=2)
+    pool = Pool({"x": (int, 1)}, ["x"], cfg)
+    for _attempt in range(3):
+        (submit,) = of(Submit, pool.tick())
+        assert submit.features == ()  # no placement needed; a lost call goes anywhere
+        out = pool.finish(submit.call, result=None)
+    (fail,) = of(Fail, out)
+    assert isinstance(fail.error, BundleFailedError) and "x" in str(fail.error)
+    assert pool.state.summary.retries == 2
+
+
+def test_no_workers_fails_after_its_bound_on_the_events_clock() -> None:
+    pool = Pool({"x": (int, 1)}, ["x"])
+    assert not of(Fail, pool.step(Tick(29.0, 0, 0)))
+    (fail,) = of(Fail, pool.step(Tick(30.5, 0, 0)))
+    assert isinstance(fail.error, NoWorkersError) and "9123" in str(fail.error)
+
+
+def test_a_worker_joining_resets_the_no_worker_bound() -> None:
+    pool = Pool({"x": (int, 1)}, ["x"])
+    pool.step(Tick(20.0, 1, 1))
+    assert not of(Fail, pool.step(Tick(45.0, 0, 0)))
+
+
+def test_the_run_timeout_names_what_was_done() -> None:
+    pool = Pool({"x": (int, 1)}, ["x"], CFG.replace(timeout_s=60))
+    (fail,) = of(Fail, pool.step(Tick(61.0, 2, 2)))
+    assert isinstance(fail.error, RunTimeoutError) and "0 tasks done" in str(fail.error)
+
+
+def test_a_requeued_call_still_waiting_is_withdrawn_and_resubmitted_at_once() -> None:
+    pool = Pool({"x": (int, 1)}, ["x"])
+    (submit,) = of(Submit, pool.tick())
+    assert not pool.step(PoolSample(pool.now, 2, 2, {submit.call: "RUNNING"}))
+    # seen running, now waiting again: its library died under it ("forsaken")
+    out = pool.step(PoolSample(pool.now, 2, 2, {submit.call: "READY"}))
+    assert out == [Withdraw(submit.call)]
+    pool.out.pop(submit.call)
+    assert not pool.step(CallWithdrawn(submit.call))
+    (again,) = of(Submit, pool.tick())
+    assert again.spec["nodes"] == submit.spec["nodes"]
+    assert pool.state.summary.retries == 1
+    pool.finish(again.call)
+    assert pool.state.results() == {"x": 1}
+
+
+def test_a_requeued_call_already_running_elsewhere_is_only_counted() -> None:
+    pool = Pool({"x": (int, 1)}, ["x"])
+    (submit,) = of(Submit, pool.tick())
+    out = pool.step(PoolSample(pool.now, 2, 2, {submit.call: "RUNNING"},
+                               requeued=frozenset({submit.call})))
+    assert not out and pool.state.summary.retries == 1
+    pool.finish(submit.call)
+    assert pool.state.finished
+
+
+def test_values_on_a_lost_worker_are_made_again_and_their_consumer_withdrawn() -> None:
+    dsk, final = tree(4, 4)  # four leaves, one merge that fetches them all
+    pool = Pool(dsk, [final], cores=4)
+    leaves = of(Submit, pool.tick())
+    assert len(leaves) == 4
+    on_lost = [leaf.spec["nodes"][0][0] for leaf in leaves[:2]]
+    for n, leaf in enumerate(leaves):
+        pool.finish(leaf.call, worker="10.0.0.1:1" if n < 2 else "10.0.0.2:1")
+    (merge,) = of(Submit, pool.tick())
+    assert len(merge.fetch) == 4
+    out = pool.step(PoolSample(pool.now, 1, 1, {merge.call: "READY"},
+                               lost_addr=frozenset({"10.0.0.1:1"})))
+    assert Withdraw(merge.call) in out
+    assert len(of(DropTemp, out)) == 2  # the two values that were on the lost worker
+    pool.out.pop(merge.call)
+    pool.step(CallWithdrawn(merge.call))
+    again = of(Submit, pool.tick())
+    assert sorted(k for s in again for k, _ in s.spec["nodes"]) == sorted(on_lost)
+    pool.drain(worker="10.0.0.2:1")
+    assert pool.state.results()[final][0] == sum(range(4))
+    assert pool.state.summary.recomputed == 2 and pool.state.summary.lost_workers
+    assert not pool.declared
+
+
+def test_a_users_exception_is_raised_with_the_task_named() -> None:
+    pool = Pool({"calib": (boom,)}, ["calib"])
+    (submit,) = of(Submit, pool.tick())
+    (fail,) = of(Fail, pool.finish(submit.call))
+    assert isinstance(fail.error, ValueError)
+    assert any("'calib'" in note for note in fail.error.__notes__)
+
+
+def test_a_task_over_its_time_limit_runs_once_more_then_fails() -> None:
+    pool = Pool({"x": (int, 1)}, ["x"], CFG.replace(task_time_limit_s=5))
+    over = {"status": remote.STATUS_TIME, "key": "x", "limit_s": 5.0,
+            "message": "task 'x' ran past its 5 s limit"}
+    (first,) = of(Submit, pool.tick())
+    assert first.limit_s == 5
+    assert not of(Fail, pool.finish(first.call, result=over))
+    (second,) = of(Submit, pool.tick())
+    (fail,) = of(Fail, pool.finish(second.call, result=over))
+    assert isinstance(fail.error, TaskTimeLimitError)
+
+
+def test_close_drops_every_temp_still_declared() -> None:
+    dsk, final = tree(4, 4)
+    pool = Pool(dsk, [final], cores=4)
+    leaves = of(Submit, pool.tick())
+    pool.finish(leaves[0].call)  # one value kept, three calls still out
+    assert pool.declared
+    pool.step()  # nothing
+    for ins in pool.state.close():
+        assert isinstance(ins, DropTemp)
+        pool.declared.remove(ins.temp)
+    assert not pool.declared
+
+
+def test_handle_rejects_what_is_not_an_event() -> None:
+    pool = Pool({"x": (int, 1)}, ["x"])
+    with pytest.raises(TypeError, match="not an event"):
+        pool.step("tick")
