@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib
 import json
 import os
@@ -306,13 +305,13 @@ def facility_chunks(facility: Facility, files: list[Path], args: argparse.Namesp
 def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
                   facility: Facility | None, shardmap: ShardMap | None,
                   record: dict[str, Any]) -> Cluster:
-    """A started cluster: local workers, or the facility's pools; closed by ``stack``.
+    """A started cluster (:mod:`datavine.deploy.launch`): local workers, a pool's, or the
+    facility's pools; closed by ``stack``.
 
     ``shardmap`` (the shards the data is read through) lets the runtime place chunk tasks
     near their shard; local workers are then split over the shards' racks."""
     from datavine.config import ManagerConfig, RunConfig
-    from datavine.deploy.facility import FacilityCluster
-    from datavine.manager.cluster import Cluster, LocalCluster
+    from datavine.deploy import launch
 
     run = facility.run if facility is not None else RunConfig()
     run = run.replace(progress=not args.no_progress,
@@ -330,49 +329,21 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
     else:
         if args.password is not None and not args.password.is_file():
             raise RunError(f"--password {args.password}: no such file")
-        run_dir = stack.enter_context(temporary_directory("datavine-run-"))
         manager = ManagerConfig(port=args.port, password_file=args.password,
-                                run_dir=Path(run_dir))
-        # The TaskVine manager writes its last logs when it is collected: before run_dir goes.
-        stack.callback(gc.collect)
-    cluster: Cluster
-    if args.pool_workers is not None and args.workers is not None:
-        raise RunError("--workers (local workers) and --pool-workers (a pool's) exclude each "
-                       "other")
-    if args.pool_workers is not None:
-        cluster = Cluster(manager, run, min_workers=args.pool_workers,
-                          connect_timeout_s=args.pool_timeout)
-        kind = f"{args.pool_workers} pool worker(s)"
-    elif facility is not None and facility.pools and args.workers is None:
-        cluster = FacilityCluster(facility, run)
-        kind = f"pools {', '.join(p.name for p in facility.pools)}"
-    else:
-        local = facility.local_workers if facility is not None else None
-        workers = args.workers or (local.workers if local else default_workers())
-        racks = local.racks if local and local.racks else shard_racks(shardmap)
-        cluster = LocalCluster(workers=workers, cores=local.cores if local else 1,
-                               memory_mb=local.memory_mb if local else None,
-                               features=local.features if local else (), racks=racks,
-                               manager=manager, run=run)
-        kind = f"{workers} local worker(s)"
-    stack.callback(cluster.close)  # also when start() fails half-way
-    cluster.start()
+                                run_dir=launch.run_directory(stack))
+    chosen = launch.choose_cluster(run, manager, workers=args.workers,
+                                   pool_workers=args.pool_workers, facility=facility,
+                                   connect_timeout_s=args.pool_timeout)
+    cluster = launch.started(stack, chosen.cluster)
     assert cluster.runtime is not None
     workers = cluster.runtime.connected_workers()
     racks = getattr(getattr(cluster, "workers_config", None), "racks", ())
     where = f" in racks {', '.join(racks)}" if racks else ""
-    print(f"cluster: {kind}{where}, {workers} connected to the manager on port {cluster.port}"
-          f"; memory caps {'on' if run.memory is not None else 'off'}")
-    record["cluster"] = {"kind": kind, "workers": workers, "port": cluster.port,
+    print(f"cluster: {chosen.kind}{where}, {workers} connected to the manager on port "
+          f"{cluster.port}; memory caps {'on' if run.memory is not None else 'off'}")
+    record["cluster"] = {"kind": chosen.kind, "workers": workers, "port": cluster.port,
                          "racks": list(racks), "memory_caps": run.memory is not None}
     return cluster
-
-
-def shard_racks(shardmap: ShardMap | None) -> tuple[str, ...]:
-    """The racks of ``shardmap``'s shards, in order, each once."""
-    if shardmap is None:
-        return ()
-    return tuple(dict.fromkeys(s.rack for s in shardmap.shards if s.rack))
 
 
 def run_analysis(cluster: Cluster, source: Any, chunks: list[Any]) -> tuple[Any, float]:

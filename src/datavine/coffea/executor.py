@@ -58,7 +58,6 @@ from datavine.coffea.report import (
     PartialResultWarning,
     skipped_message,
 )
-from datavine.deploy.local_workers import default_workers
 
 __all__ = ["BadFilesSkippedWarning", "CallRecord", "DatavineExecutor", "ExecutionReport",
            "PartialResultWarning", "build_graph", "unwrap_automatic_retries"]
@@ -301,7 +300,7 @@ class DatavineExecutor(ExecutorBase):
 
     def _make_local_cluster(self, run_dir: Path) -> Any:
         from datavine.config import ManagerConfig, RunConfig
-        from datavine.manager.cluster import LocalCluster
+        from datavine.deploy.launch import local_cluster
 
         # The executor shows its own bars (in events). The libraries import coffea while
         # the cluster starts, on all workers at once, not in the first items' bundles.
@@ -309,12 +308,8 @@ class DatavineExecutor(ExecutorBase):
                         pickle_by_value=self.pickle_by_value, shardmap=self.shardmap)
         if self.memory != "default":
             run = run.replace(memory=self.memory)
-        racks: tuple[str, ...] = ()
-        if self.shardmap is not None:  # workers split over the shards' racks
-            racks = tuple(dict.fromkeys(s.rack for s in self.shardmap.shards if s.rack))
-        return LocalCluster(workers=self.workers or default_workers(), cores=self.cores,
-                            memory_mb=self.memory_mb, racks=racks,
-                            manager=ManagerConfig(run_dir=run_dir), run=run)
+        return local_cluster(run, ManagerConfig(run_dir=run_dir), workers=self.workers,
+                             cores=self.cores, memory_mb=self.memory_mb)
 
     def _finish(self, record: CallRecord, partial: Partial,
                 accumulator: Any) -> tuple[Any, Any]:

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import json
 import os
@@ -34,7 +33,6 @@ from datavine.apps.scaletest.report import ScaleReport, build_report
 from datavine.apps.scaletest.tasks import FileInfo, Tally, file_info, merge_tallies, run_chunk
 from datavine.config import ConfigError
 from datavine.deploy.local_workers import default_workers
-from datavine.deploy.reaper import temporary_directory
 from datavine.errors import DatavineError
 from datavine.scheduler.graph import Key, add_merge_tree
 
@@ -233,31 +231,28 @@ def serve_files(stack: contextlib.ExitStack, config: ScaleTestConfig,
 
 
 def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap: Any) -> Any:
-    """A started cluster with its workers connected; closed by ``stack``."""
+    """A started cluster with its workers connected (:mod:`datavine.deploy.launch`); closed
+    by ``stack``."""
     from datavine.config import ManagerConfig, RunConfig
-    from datavine.manager.cluster import Cluster, LocalCluster
+    from datavine.deploy import launch
 
-    run_dir = stack.enter_context(temporary_directory("datavine-scaletest-"))
-    stack.callback(gc.collect)  # the TaskVine manager writes its logs when collected
+    run_dir = launch.run_directory(stack, "datavine-scaletest-")
     run = RunConfig(progress=config.progress, timeout_s=config.timeout_s, shardmap=shardmap,
                     no_worker_timeout_s=max(60.0, config.connect_timeout_s))
     if not config.memory_caps:
         run = run.replace(memory=None)
-    cluster: Any
     if config.pool == "local":
-        cluster = LocalCluster(workers=config.n_workers, cores=config.cores,
-                               memory_mb=config.memory_mb, manager=ManagerConfig(
-                                   run_dir=run_dir), run=run,
-                               connect_timeout_s=config.connect_timeout_s)
-    elif config.pool == "external":
-        manager = ManagerConfig(port=config.port, password_file=config.password_file,
-                                run_dir=run_dir)
-        cluster = Cluster(manager, run, min_workers=config.n_workers,
-                          connect_timeout_s=config.connect_timeout_s)
-    else:
-        cluster = Cluster(ManagerConfig(port=config.port, run_dir=run_dir), run)
-    stack.callback(cluster.close)
-    cluster.start()
+        cluster: Any = launch.local_cluster(
+            run, ManagerConfig(run_dir=run_dir), workers=config.n_workers, cores=config.cores,
+            memory_mb=config.memory_mb, connect_timeout_s=config.connect_timeout_s)
+    else:  # workers from a pool started elsewhere, or HTCondor's started below
+        manager = ManagerConfig(port=config.port, run_dir=run_dir,
+                                password_file=(config.password_file
+                                               if config.pool == "external" else None))
+        cluster = launch.choose_cluster(
+            run, manager, pool_workers=config.n_workers if config.pool == "external" else 0,
+            connect_timeout_s=config.connect_timeout_s).cluster
+    launch.started(stack, cluster)
     if config.pool == "condor":
         start_condor_workers(stack, config, cluster)
     return cluster
