@@ -287,3 +287,18 @@ def test_handle_rejects_what_is_not_an_event() -> None:
     pool = Pool({"x": (int, 1)}, ["x"])
     with pytest.raises(TypeError, match="not an event"):
         pool.step("tick")
+
+
+def test_a_shard_failing_under_a_read_cools_down_and_the_bundle_runs_again() -> None:
+    pool = Pool({"x": (int, 1)}, ["x"])
+    (first,) = of(Submit, pool.tick())
+    failed = {"status": remote.STATUS_INPUT, "server": "xcache-2",
+              "message": "[ERROR] Operation expired"}
+    assert not of(Fail, pool.finish(first.call, result=failed))
+    health = pool.state.learned.shard_health
+    assert "xcache-2" in health.failed(pool.now)  # cooled down at the event's time
+    (again,) = of(Submit, pool.tick())
+    pool.finish(again.call)
+    summary = pool.state.summary
+    assert pool.state.results() == {"x": 1}
+    assert summary.reads.failovers == 1 and "xcache-2" in summary.reads.failover_errors[0]
