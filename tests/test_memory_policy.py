@@ -116,7 +116,8 @@ def test_the_policy_is_not_changed_through_the_callers_dict() -> None:
 policies = st.builds(
     lambda floor, span, default_frac, headroom, growth, step, min_samples: MemoryPolicy(
         floor_mb=floor, ceiling_mb=floor * span,
-        default_mb=floor + (floor * span - floor) * default_frac,
+        # min(): floor + (ceiling - floor) x 1.0 can round one ulp above the ceiling
+        default_mb=min(floor * span, floor + (floor * span - floor) * default_frac),
         headroom=headroom, growth=growth, step_mb=step, min_samples=min_samples),
     st.floats(16, 4096), st.floats(1, 64), st.floats(0, 1), st.floats(1, 3),
     st.floats(1.1, 4), st.sampled_from([1.0, 16.0, 64.0, 100.0]), st.integers(1, 5))
