@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -128,9 +128,18 @@ class Submit:
     cap_mb: float | None
     preload: tuple[str, ...]
     limit_s: float | None
-    features: tuple[str, ...]
+    target: Target
     fetch: dict[str, int]
     store: dict[str, int]
+
+    @property
+    def keys(self) -> list[Key]:
+        return [key for key, _ in self.spec["nodes"]]
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """TaskVine features that pin the call to its worker or rack (none: anywhere)."""
+        return tuple(self.target.features())
 
 
 @dataclass(frozen=True)
@@ -198,13 +207,15 @@ class RunState:
     learned: Learned
     now: float
     port: int = 0
+    files_of: Callable[[Key], tuple[str, ...]] | None = None  # default: found in the tasks
     summary: RunSummary = field(default_factory=RunSummary)
 
     def __post_init__(self) -> None:
         graph, cfg, learned = self.graph, self.cfg, self.learned
         self.start = self.last_worker = self.now
-        self.files = {k: task_files(n) for k, n in graph.nodes.items()}
-        self.planner = Planner(graph, files=self.files.__getitem__, costs=learned.costs,
+        if self.files_of is None:
+            self.files_of = {k: task_files(n) for k, n in graph.nodes.items()}.__getitem__
+        self.planner = Planner(graph, files=self.files_of, costs=learned.costs,
                                target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks)
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
                                    learned.shard_health, cfg.bundles_per_slot)
@@ -329,8 +340,7 @@ class RunState:
         }
         call = next(self._calls)
         self._out.append(Submit(
-            call, spec, cap_mb, self.preload, sum(limits.values()) if limits else None,
-            tuple(target.features()),
+            call, spec, cap_mb, self.preload, sum(limits.values()) if limits else None, target,
             fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
             store={name: plan.declared[key] for key, name in plan.store.items()}))
         self.inflight[call] = Inflight(bundle, target, category, cap_mb, plan)

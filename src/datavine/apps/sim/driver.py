@@ -1,18 +1,15 @@
-"""The simulation driver: datavine's planner, placement, shard map and memory policy run a
-simulated facility.
+"""The simulation driver: datavine's own run state machine runs a simulated facility.
 
 :class:`SimRun` builds the graph a run over the workload's files would have (one task per
 file, then merges of ``merge_fanin``), a :class:`~datavine.io.shards.ShardMap` of the XCache
 nodes, a :class:`~datavine.scheduler.topology.Topology` announcing every simulated worker by
-name (as
-``LocalCluster`` and named pool workers do), and then repeats what
-:class:`datavine.manager.execution.GraphRun` does on each turn of its loop: fill the free slots
-(``bundles_per_slot`` per core) through datavine's :class:`~datavine.scheduler.dispatch.Dispatcher`
-(bundles from the :class:`~datavine.scheduler.bundling.Planner`, held or placed by
-:func:`~datavine.scheduler.placement.decide`, waits counted from the later of its arrival and its
-rack's last near bundle), cap each with
-:class:`~datavine.scheduler.memory.MemoryState`, and take results back (planner, topology, costs and
-memory learn from them). ``RunConfig(placement=None)`` is datavine locality-blind, as in
+name (as ``LocalCluster`` and named pool workers do), and then drives
+:class:`~datavine.scheduler.run_state.RunState`, the same state machine a real run's driver
+(:class:`datavine.manager.execution.GraphRun`) drives, on simulated time: a :class:`Tick` on
+each turn of the loop and after each result (bundles from the planner, placed or held by the
+dispatcher's delay scheduling, capped by the memory policy), a :class:`CallDone` for each
+call that comes back (results, overruns retried under a larger cap, costs and peaks
+learned). ``RunConfig(placement=None)`` is datavine locality-blind, as in
 ``benchmarks/locality.py``. TaskVine's part is :class:`~datavine.apps.sim.taskvine.SimTaskVine`,
 the bytes move through :class:`~datavine.apps.sim.network.Network`.
 """
@@ -26,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
+
 from datavine.apps.sim.events import EventQueue
 from datavine.apps.sim.network import Network
 from datavine.apps.sim.results import Recorder, SimResult
@@ -33,12 +32,12 @@ from datavine.apps.sim.spec import GBPS, FacilitySpec, ManagerCost, Workload
 from datavine.apps.sim.taskvine import SimCall, SimTaskVine, SimWorker
 from datavine.config import RunConfig
 from datavine.io.shards import Shard, ShardHealth, ShardMap
-from datavine.scheduler.bundling import Bundle, CostModel, Planner
-from datavine.scheduler.dispatch import Dispatcher
+from datavine.scheduler.bundling import CostModel
 from datavine.scheduler.graph import TaskGraph
-from datavine.scheduler.memory import GiveUp, MemoryState
-from datavine.scheduler.placement import Placement
-from datavine.scheduler.topology import ANYWHERE, Target, Topology
+from datavine.scheduler.memory import MemoryState
+from datavine.scheduler.run_state import CallDone, Fail, Learned, RunState, Submit, Tick
+from datavine.scheduler.topology import Topology
+from datavine.worker import remote
 
 FILE_CATEGORY, MERGE_CATEGORY = "process-file", "merge"
 
@@ -57,9 +56,8 @@ class SimConfig:
 
 @dataclass
 class _Inflight:
-    bundle: Bundle
-    target: Target
-    category: str
+    keys: list[Any]
+    outputs: list[Any]  # those tasks outside the bundle (or the caller) need
     cap_mb: float | None
     started: float = 0.0
 
@@ -113,28 +111,23 @@ class SimRun:
         self.events = [workload.events_per_file * math.exp(rng.gauss(-sigma * sigma / 2, sigma))
                        for _ in self.lfns]
         self.hit = [rng.random() < workload.hit_fraction for _ in self.lfns]
-        self.costs = CostModel()
-        policy = self.run_cfg.memory
-        self.memory = MemoryState(policy) if policy is not None else None
-        self.planner = Planner(self.graph, files=self._files, costs=self.costs,
-                               target_s=self.run_cfg.target_bundle_s,
-                               max_tasks=self.run_cfg.max_bundle_tasks)
-        self.topology = Topology(self.run_cfg.bundles_per_slot)
+        topology = Topology(self.run_cfg.bundles_per_slot)
         workers = [SimWorker(f"{rack}-w{i:03d}", rack, facility.cores_per_worker)
                    for rack in facility.racks for i in range(facility.workers_per_rack)]
         for w in workers:
-            self.topology.announce(w.id, w.rack, w.cores)
+            topology.announce(w.id, w.rack, w.cores)
+        policy = self.run_cfg.memory
+        self.learned = Learned(CostModel(), MemoryState(policy) if policy is not None else None,
+                               topology, ShardHealth())
+        # the model's own bound is SimConfig.max_time_s; results come back inline
+        self.state = RunState(self.graph, self.run_cfg.replace(shardmap=self.shardmap,
+                                                               timeout_s=0),
+                              self.learned, now=0.0, files_of=self._files)
         self.tv = SimTaskVine(self.q, workers, self.cfg.cost, self._started, self._result,
                               seed=self.cfg.seed)
         self.net = Network(self._capacities())
-        self.dispatch = Dispatcher(self.planner, self.topology, self.run_cfg.placement,
-                                   self.shardmap, ShardHealth(),
-                                   self.run_cfg.bundles_per_slot)
-        self.inflight: dict[int, _Inflight] = {}
-        self.cap_override: dict[Any, float] = {}
-        self.placement_tiers: Counter[str] = Counter()
+        self.inflight: dict[int, _Inflight] = {}  # by the state's call number
         self.decision_s = 0.0
-        self.overruns = 0
         self.flows: dict[int, tuple[SimCall, float]] = {}  # flow id -> (call, merges' time)
         self.rec = Recorder(self, self.cfg.sample_s)
         self._net_version = 0
@@ -174,58 +167,61 @@ class SimRun:
     def run(self) -> SimResult:
         self.q.at(0.0, self._tick)
         self.rec.sample()
-        self.q.run(lambda: self.planner.finished, self.cfg.max_time_s)
+        self.q.run(lambda: self.state.finished, self.cfg.max_time_s)
         self.rec.sample()
         return self.rec.result()
 
-    def _tick(self) -> None:
-        self._submit()
-        if not self.planner.finished:
-            self.q.after(self.cfg.cost.wait_s, self._tick)
-
-    def _submit(self) -> None:
-        """Fill the free slots through datavine's own
-        :class:`~datavine.scheduler.dispatch.Dispatcher`
-        (held bundles, delay scheduling, look-ahead), as the run loop does; the time its
-        decisions really take is charged to the manager (or ``decision_s`` per bundle)."""
-        wall = time.perf_counter()
-        out = self.dispatch.fill(self.q.now, self.tv.cores, len(self.inflight))
-        spent = time.perf_counter() - wall
-        self.decision_s += spent
-        per = self.cfg.cost.decision_s
-        self.tv.busy(spent if per is None else per * max(len(out), 1))
-        for bundle, target, placement in out:
-            self._submit_bundle(bundle, target, placement)
+    @property
+    def planner(self) -> Any:
+        return self.state.planner
 
     @property
     def decisions(self) -> int:
-        return self.dispatch.decisions
+        return self.state.dispatch.decisions
 
-    def _submit_bundle(self, bundle: Bundle, target: Target, placement: Placement) -> None:
-        categories = [self.graph.category(k) for k in bundle.keys]
-        category = (self.memory.dominant_category(categories) if self.memory is not None
-                    else categories[0])
-        cap = None
-        if self.memory is not None:
-            retried = [self.cap_override[k] for k in bundle.keys if k in self.cap_override]
-            cap = max(retried) if retried else self.memory.cap_for(category)
-        call = self.tv.submit(bundle, worker=target.worker, rack=target.rack)
-        self.inflight[call.seq] = _Inflight(bundle, target, category, cap)
-        if bundle.files:
-            self.placement_tiers[placement.tier.name.lower() if target != ANYWHERE
-                                 else "anywhere"] += 1
+    @property
+    def overruns(self) -> int:
+        return sum(c.overruns for c in self.state.summary.categories.values())
+
+    @property
+    def placement_tiers(self) -> Counter[str]:
+        return self.state.summary.placement
+
+    def _tick(self) -> None:
+        self._handle(Tick(self.q.now, len(self.tv.workers), self.tv.cores))
+        if not self.state.finished:
+            self.q.after(self.cfg.cost.wait_s, self._tick)
+
+    def _handle(self, event: Any) -> None:
+        """One event through datavine's state machine; its instructions carried out here. The
+        time its decisions really take is charged to the manager (or ``decision_s`` per
+        bundle)."""
+        wall = time.perf_counter()
+        out = self.state.handle(event)
+        spent = time.perf_counter() - wall
+        self.decision_s += spent
+        submits = [ins for ins in out if isinstance(ins, Submit)]
+        if isinstance(event, Tick):
+            per = self.cfg.cost.decision_s
+            self.tv.busy(spent if per is None else per * max(len(submits), 1))
+        for ins in out:
+            if isinstance(ins, Fail):
+                raise ins.error
+        for ins in submits:
+            self.inflight[ins.call] = _Inflight(ins.keys, ins.spec["outputs"], ins.cap_mb)
+            self.tv.submit(ins.call, worker=ins.target.worker, rack=ins.target.rack)
 
     # --- on the workers ------------------------------------------------------------------
     def _started(self, call: SimCall, t: float) -> None:
-        entry = self.inflight[call.seq]
+        entry = self.inflight[call.payload]
         entry.started = t
-        bundle = entry.bundle
-        merges = sum(1 for k in bundle.keys if k[0] == MERGE_CATEGORY)
+        keys = entry.keys
+        merges = sum(1 for k in keys if k[0] == MERGE_CATEGORY)
         tail = merges * self.workload.merge_s
-        if entry.cap_mb is not None and self._peak(bundle) > entry.cap_mb:
+        if entry.cap_mb is not None and self._peak(keys) > entry.cap_mb:
             self.q.after(tail, self.tv.finish, call)  # killed over its cap: fails early
             return
-        files = [k for k in bundle.keys if k[0] == FILE_CATEGORY]
+        files = [k for k in keys if k[0] == FILE_CATEGORY]
         if not files:
             self.q.after(tail, self.tv.finish, call)
             return
@@ -257,42 +253,34 @@ class SimRun:
             self.q.after(tail, self.tv.finish, call)
         self._reshare()
 
-    def _peak(self, bundle: Bundle) -> float:
-        files = [k[1] for k in bundle.keys if k[0] == FILE_CATEGORY]
+    def _peak(self, keys: list[Any]) -> float:
+        files = [k[1] for k in keys if k[0] == FILE_CATEGORY]
         scale = max((self.events[i] / self.workload.events_per_file for i in files), default=0.3)
         return self.workload.peak_mb * (0.5 + 0.5 * scale)
 
-    # --- results (GraphRun._handle) ------------------------------------------------------
+    # --- results: what the library would send back ----------------------------------------
     def _result(self, call: SimCall, t: float) -> None:
-        entry = self.inflight.pop(call.seq)
-        self.topology.returned(entry.target)
-        bundle = entry.bundle
+        entry = self.inflight.pop(call.payload)
         worker = call.ran_on
         assert worker is not None
-        peak = self._peak(bundle)
+        peak = self._peak(entry.keys)
+        result: dict[str, Any]
         if entry.cap_mb is not None and peak > entry.cap_mb:
-            self._overrun(entry, peak)
+            result = {"status": remote.STATUS_MEMORY, "peak_mb": peak, "cap_mb": entry.cap_mb}
         else:
-            self.planner.complete(bundle)
-            files = [self.lfns[k[1]] for k in bundle.keys if k[0] == FILE_CATEGORY]
-            self.topology.learn(worker.id, worker.rack, None, files)
-            if self.memory is not None and entry.cap_mb:
-                self.memory.record_peak(entry.category, peak)
-            counts = Counter(self.graph.category(k) for k in bundle.keys)
-            for category, n in counts.items():
-                self.costs.observe(category, n, (t - entry.started) * n / len(bundle.keys))
-            self.rec.completed(bundle, t)
-        self._submit()
+            counts = Counter(self.graph.category(k) for k in entry.keys)
+            seconds = t - entry.started
+            result = {"status": remote.STATUS_OK, "peak_mb": peak, "worker": worker.id,
+                      "rack": worker.rack, "host": worker.id,
+                      "values": dict.fromkeys(entry.outputs, _NONE),
+                      "timing": {c: (n, seconds * n / len(entry.keys))
+                                 for c, n in counts.items()}}
+            self.rec.completed(entry.keys, t)
+        self._handle(CallDone(call.payload, result, None, t))
+        self._handle(Tick(t, len(self.tv.workers), self.tv.cores))  # fill the freed slot
 
-    def _overrun(self, entry: _Inflight, peak: float) -> None:
-        assert self.memory is not None and entry.cap_mb is not None
-        self.overruns += 1
-        decision = self.memory.after_overrun(entry.category, entry.cap_mb, peak)
-        if isinstance(decision, GiveUp):
-            raise RuntimeError(decision.reason)
-        for key in entry.bundle.keys:
-            self.cap_override[key] = decision.cap_mb
-        self.planner.requeue(entry.bundle)
+
+_NONE = cloudpickle.dumps(None)  # a value's bytes in a simulated result
 
 
 def simulate(facility: FacilitySpec, workload: Workload, mode: str = "datavine",

@@ -18,7 +18,6 @@ from datavine.apps.sim.spec import GBPS
 
 if TYPE_CHECKING:
     from datavine.apps.sim.driver import SimRun
-    from datavine.scheduler.bundling import Bundle
 
 
 @dataclass
@@ -91,9 +90,9 @@ class Recorder:
         if not self.run.planner.finished:
             self.sample()
 
-    def completed(self, bundle: Bundle, t: float) -> None:
+    def completed(self, keys: list[Any], t: float) -> None:
         self.bundles += 1
-        self.done.extend(t for k in bundle.keys if k[0] == "process-file")
+        self.done.extend(t for k in keys if k[0] == "process-file")
 
     def result(self) -> SimResult:
         run = self.run
