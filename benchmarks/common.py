@@ -51,13 +51,38 @@ class PeerResult:
         return self.units / self.seconds
 
 
+class PeerTimeout(Exception):
+    """A peer's run went past the benchmark's bound for it."""
+
+
+@contextlib.contextmanager
+def bounded(limit_s: float | None) -> Iterator[None]:
+    """Raise :class:`PeerTimeout` in the block after ``limit_s`` (main thread; SIGALRM)."""
+    if not limit_s:
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise PeerTimeout(f"no result after {limit_s:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def measure(name: str, units: int, run: Callable[[], Any], check: Callable[[Any], bool],
-            note: str = "") -> PeerResult:
-    """Time ``run()`` once and check its value; errors become a failed row, not a crash."""
+            note: str = "", limit_s: float | None = None) -> PeerResult:
+    """Time ``run()`` once and check its value; errors (and a run past ``limit_s``: a peer
+    that hangs) become a failed row, not a crash."""
     print(f"# running {name} ({units} units) ...", file=sys.stderr, flush=True)
     started = time.perf_counter()
     try:
-        value = run()
+        with bounded(limit_s):
+            value = run()
     except Exception as exc:  # a peer's failure is a finding, not the end of the benchmark
         seconds = time.perf_counter() - started
         traceback.print_exc(file=sys.stderr)

@@ -70,18 +70,21 @@ def merge_systematics(*parts: tuple[Any, Any]) -> tuple[Any, Any]:
     return result, hist
 
 
-def tree_graph() -> tuple[dict[Any, Any], Any, Callable[[Any], bool]]:
-    dsk: dict[Any, Any] = {("make", i): (make_array, i) for i in range(32)}
-    final = add_merge_tree(dsk, list(dsk), 4, key=lambda d, j: ("add", d, j),
+def tree_graph(tag: int = 0) -> tuple[dict[Any, Any], Any, Callable[[Any], bool]]:
+    """``tag``: in every key, so that each repeat computes anew (distributed would hand back
+    values it still holds from the last one)."""
+    dsk: dict[Any, Any] = {("make", tag, i): (make_array, i) for i in range(32)}
+    final = add_merge_tree(dsk, list(dsk), 4, key=lambda d, j: ("add", tag, d, j),
                            task=lambda keys: (add, *keys))
     return dsk, final, lambda v: float(v[0]) == sum(range(32)) and v.nbytes == 16 * 2**20
 
 
-def agc_graph(chunks: list[Any], reference: Any) -> tuple[dict[Any, Any], Any,
-                                                          Callable[[Any], bool]]:
-    dsk: dict[Any, Any] = {("agc-chunk", i): (chunk_with_systematics, str(c.path), c.entry_start,
-                                              c.entry_stop) for i, c in enumerate(chunks)}
-    final = add_merge_tree(dsk, list(dsk), 4, key=lambda d, j: ("agc-merge", d, j),
+def agc_graph(chunks: list[Any], reference: Any, tag: int = 0,
+              ) -> tuple[dict[Any, Any], Any, Callable[[Any], bool]]:
+    dsk: dict[Any, Any] = {("agc-chunk", tag, i): (chunk_with_systematics, str(c.path),
+                                                   c.entry_start, c.entry_stop)
+                           for i, c in enumerate(chunks)}
+    final = add_merge_tree(dsk, list(dsk), 4, key=lambda d, j: ("agc-merge", tag, d, j),
                            task=lambda keys: (merge_systematics, *keys))
     return dsk, final, lambda v: v[0] == reference and v[1].shape == (VARIATIONS, BINS)
 
@@ -115,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--limit", type=float, default=180.0,
+                        help="seconds a peer's run may take before it counts as failed (a "
+                             "peer stuck in a recovery loop must not hang the benchmark)")
     parser.add_argument("--peers", nargs="+", default=["datavine", "inline", "daskvine",
                                                        "distributed"])
     parser.add_argument("--data", type=Path, default=common.REPO / "runs" / "data-traffic")
@@ -126,15 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     files = generate_dataset(args.data, 8, 100_000, "zstd")
     chunks = make_chunks(files, 25_000)
     reference = run_plain_loop(chunks)
-    graphs = {"tree": tree_graph(), "agc": agc_graph(chunks, reference)}
-    units = {"tree": len(graphs["tree"][0]), "agc": 800_000}
+    graphs: dict[str, Callable[[int], tuple[dict[Any, Any], Any, Callable[[Any], bool]]]] = {
+        "tree": tree_graph, "agc": lambda tag: agc_graph(chunks, reference, tag)}
+    units = {"tree": len(tree_graph()[0]), "agc": 800_000}
     print(common.machine_info())
     rows: dict[tuple[str, str], tuple[common.PeerResult, int, int]] = {}
     for name in args.peers:
         with peer(name, args.workers) as (get, manager_bytes):
-            for graph_name, (dsk, final, check) in graphs.items():
+            for graph_name, build in graphs.items():
                 best: tuple[common.PeerResult, int, int] | None = None
-                for _ in range(args.repeat):
+                for repeat in range(args.repeat):
+                    dsk, final, check = build(repeat)
                     before = manager_bytes()
                     out: list[Any] = []
 
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                         return out[0]
 
                     result = common.measure(f"{name} {graph_name}", units[graph_name], run,
-                                            check)
+                                            check, limit_s=args.limit)
                     moved = manager_bytes() - before
                     size = output_bytes(out[0]) if out else 0
                     if best is None or (result.rate or 0) > (best[0].rate or 0):
