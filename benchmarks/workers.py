@@ -78,6 +78,7 @@ class Run:
     bundles: int = 0
     cpu_s: float = 0.0
     decision_s: float = 0.0
+    taskvine_wait_s: float = 0.0  # of cpu_s: inside TaskVine's Manager.wait (datavine only)
     rss_mb: float = 0.0
     mb_per_worker: float = 0.0
     lost: int = 0
@@ -159,6 +160,30 @@ def timed_decisions() -> Iterator[list[float]]:
             setattr(cls, name, fn)
 
 
+@contextlib.contextmanager
+def timed_waits() -> Iterator[list[float]]:
+    """CPU seconds this thread spends inside TaskVine's ``Manager.wait`` (its C loop:
+    polling every worker's link, receiving results, dispatching calls), by wrapping
+    ``Runtime.wait``; the rest of the manager thread's CPU is datavine's own."""
+    from datavine.manager.runtime import Runtime
+
+    spent = [0.0]
+    original = Runtime.wait
+
+    def wait(self: Any, timeout_s: int) -> Any:
+        started = time.thread_time()
+        try:
+            return original(self, timeout_s)
+        finally:
+            spent[0] += time.thread_time() - started
+
+    Runtime.wait = wait  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        Runtime.wait = original  # type: ignore[method-assign]
+
+
 def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
     """``repeat`` runs on one cluster; the best (least manager CPU per bundle) counts, the
     others are in the note (the machine is shared: load moves the figures)."""
@@ -177,7 +202,7 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
         lost = retries = 0
         for i in range(repeat):
             graph = make_graph(waves * n, sleep, run=i)
-            with timed_decisions() as spent:
+            with timed_decisions() as spent, timed_waits() as waited:
                 cpu0, pcpu0, t0 = cpu_s(), process_cpu_s(), time.time()
                 (intervals,) = dask.compute(graph, scheduler=cluster.get)
                 wall, cpu = time.time() - t0, cpu_s() - cpu0
@@ -189,7 +214,8 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
             runs.append(Run("datavine", n, wall, waves * sleep, reached, most,
                             start_s=start_s, bundles=summary.bundles, cpu_s=cpu,
                             decision_s=spent[0], rss_mb=rss_mb(), mb_per_worker=per_worker,
-                            extra={"process_cpu_s": pcpu, "load": os.getloadavg()[0]}))
+                            extra={"process_cpu_s": pcpu, "load": os.getloadavg()[0],
+                                   "taskvine_wait_cpu_s": waited[0]}))
         connected = cluster.runtime.connected_workers()
     best = min(runs, key=lambda r: r.cpu_s / max(r.bundles, 1))
     best.lost = lost + max(0, n - connected)
@@ -197,6 +223,7 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
         f"{r.wall_s:.1f} s / {1e3 * r.cpu_s / r.bundles:.1f} ms (load {r.extra['load']:.0f})"
         for r in runs) + f"; all threads {1e3 * best.extra['process_cpu_s'] / best.bundles:.2f}"
         " ms CPU per bundle")
+    best.taskvine_wait_s = best.extra["taskvine_wait_cpu_s"]
     best.extra["ratios"] = [r.concurrency_ratio for r in runs]
     return best
 
@@ -240,15 +267,18 @@ def run_distributed(n: int, sleep: float, waves: int) -> Run:
 def table(runs: list[Run]) -> str:
     lines = ["| peer | workers | start s | wall s | ideal s | concurrency / ideal | "
              "all busy after s | most at once | bundles | manager CPU ms per bundle | "
-             "decision us per bundle | manager RSS MB | MB per worker | lost | note |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "of which in TaskVine's wait | decision us per bundle | manager RSS MB | "
+             "MB per worker | lost | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in runs:
         busy = f"{r.all_busy_s:.2f}" if r.all_busy_s is not None else "never"
         decision = f"{1e6 * r.decision_s / r.bundles:.0f}" if r.decision_s else "-"
+        in_wait = f"{1e3 * r.taskvine_wait_s / r.bundles:.2f}" if r.taskvine_wait_s else "-"
         lines.append(
             f"| {r.peer} | {r.workers} | {r.start_s:.1f} | {r.wall_s:.2f} | {r.ideal_s:.1f} | "
             f"{r.concurrency_ratio:.3f} | {busy} | {r.max_concurrency} | {r.bundles} | "
-            f"{1e3 * r.cpu_s / max(r.bundles, 1):.2f} | {decision} | {r.rss_mb:.0f} | "
+            f"{1e3 * r.cpu_s / max(r.bundles, 1):.2f} | {in_wait} | {decision} | "
+            f"{r.rss_mb:.0f} | "
             f"{r.mb_per_worker:.0f} | {r.lost} | {r.note} |")
     return "\n".join(lines)
 
@@ -304,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
         f"concurrency_ratio_{large.workers}": round(max(large.extra["ratios"]), 3),
         "manager_cpu_per_bundle_growth": round(per_bundle[large.workers]
                                                / per_bundle[small.workers], 2),
+        # the same split in two: TaskVine's wait loop, and the rest of the thread (datavine)
+        "taskvine_wait_cpu_per_bundle_growth": round(
+            (large.taskvine_wait_s / max(large.bundles, 1))
+            / max(small.taskvine_wait_s / max(small.bundles, 1), 1e-9), 2),
+        "datavine_cpu_per_bundle_growth": round(
+            ((large.cpu_s - large.taskvine_wait_s) / max(large.bundles, 1))
+            / max((small.cpu_s - small.taskvine_wait_s) / max(small.bundles, 1), 1e-9), 2),
         "decision_us_per_bundle": round(1e6 * large.decision_s / max(large.bundles, 1)),
         "workers_lost": sum(r.lost for r in ours), "largest": large.workers,
         "all_busy_s_largest": (round(large.all_busy_s, 2) if large.all_busy_s is not None

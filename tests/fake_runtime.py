@@ -72,6 +72,9 @@ class FakeRuntime:
     def connected_cores(self) -> int:
         return len(self.workers)
 
+    def pool_size(self) -> tuple[int, int]:
+        return self.connected_workers(), self.connected_cores()
+
     def check_library(self) -> None:
         pass
 

@@ -15,7 +15,13 @@ import pytest
 from datavine.deploy import reaper as reaper_mod
 from datavine.deploy.sessions import kill_session, session_pids, stop_session
 from datavine.deploy.signals import Terminated, terminate_gracefully
-from datavine.manager.runtime import check_port_free, requeued_task, silence_tunes
+from datavine.manager.runtime import (
+    LibraryLogs,
+    check_port_free,
+    exec_command,
+    requeued_task,
+    silence_tunes,
+)
 from datavine.worker.memcap import run_capped
 from datavine.worker.remote import TaskTimeLimitExceeded, time_limit
 
@@ -35,6 +41,33 @@ def test_requeued_task_reads_only_new_attempts() -> None:
     assert requeued_task(b"1795450516751906 19610 WORKER w-1 DISCONNECTION FAILURE") is None
     assert requeued_task(b"1 2 TASK 3 RUNNING worker-x FIRST_RESOURCES {}") is None
     assert requeued_task(b"garbage") is None
+
+
+def test_library_logs_find_a_traceback_written_in_pieces(tmp_path: Path) -> None:
+    logs = LibraryLogs()
+    assert logs.failures(tmp_path / "not-yet") == []  # TaskVine makes the folder later
+    ok, bad = tmp_path / "lib-1.log", tmp_path / "lib-2.log"
+    ok.write_bytes(b"library started\n")
+    bad.write_bytes(b"library started\nTraceback (most rec")
+    (tmp_path / "notes.txt").write_bytes(b"Traceback (most recent call last)")  # not a log
+    assert logs.failures(tmp_path) == []
+    with open(bad, "ab") as f:  # the mark completes in the next write
+        f.write(b"ent call last):\n  File ...\nMemoryError\n")
+    with open(ok, "ab") as f:
+        f.write(b"call 1 done\n")
+    assert logs.failures(tmp_path) == [bad]
+    # each log is read once up to its end: a look reads only what was appended since
+    assert logs.read_to[ok.name] == ok.stat().st_size
+    with open(ok, "ab") as f:
+        f.write(b"Traceback (most recent call last):\n")
+    assert logs.failures(tmp_path) == sorted([ok, bad])
+
+
+def test_the_library_command_is_exec_ed_once() -> None:
+    assert exec_command("python library_code.py") == "exec python library_code.py"
+    wrapped = "env-1/bin/run_in_env python library_code.py"  # an environment's wrapper
+    assert exec_command(wrapped) == f"exec {wrapped}"
+    assert exec_command(" exec python x.py") == "exec python x.py"
 
 
 def test_busy_port_is_named() -> None:

@@ -160,3 +160,22 @@ def test_the_cluster_starts_the_library_on_every_worker_before_the_first_run(
         assert set(pids) <= {pid for _, pid in warm}
     else:
         assert warm == set() and len(set(pids)) >= 1
+
+
+def library_process() -> tuple[int, int, str]:
+    """(pid, process group, the parent's name) of the process that runs the task."""
+    with open(f"/proc/{os.getppid()}/comm") as f:
+        return os.getpid(), os.getpgid(0), f.read().strip()
+
+
+def test_the_library_is_the_process_the_worker_kills(tmp_path: Path) -> None:
+    """vine_worker stops a library with kill(-pid, SIGKILL): the library must be that pid
+    (the worker's `sh -c` exec-ed it) and lead its own group, else the kill reaches nothing
+    and the worker blocks until the library ends by itself (runtime.exec_command,
+    remote.library_started)."""
+    cfg = datavine.ManagerConfig(run_dir=tmp_path)
+    with datavine.LocalCluster(workers=1, cores=1, manager=cfg, run=datavine.RunConfig(
+            memory=None, progress=False)) as c:
+        pid, group, parent = c.get({"p": (library_process,)}, "p")
+    assert parent == "vine_worker"
+    assert group == pid

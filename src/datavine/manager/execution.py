@@ -75,8 +75,7 @@ class GraphRun:
                     if now - last_sample >= REFRESH_S:
                         events.append(self._sample(now))
                         last_sample = now
-                    events.append(Tick(now, self.rt.connected_workers(),
-                                       self.rt.connected_cores()))
+                    events.append(Tick(now, *self.rt.pool_size()))
                     self._apply(state.handle(*events))
                     done = self.rt.wait(int(self.cfg.wait_s))
                     call = self.calls.pop(done.id, None) if done is not None else None
@@ -97,7 +96,7 @@ class GraphRun:
                              if (c := self.calls.get(t)) is not None)
         states = {call: self.rt.call_state(task) for call, task in self.tasks.items()}
         self.rt.check_library()  # raises once the library keeps dying
-        return PoolSample(now, self.rt.connected_workers(), self.rt.connected_cores(), states,
+        return PoolSample(now, *self.rt.pool_size(), states,
                           requeued, frozenset(gone), frozenset(lost_addr))
 
     # --- instructions ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import socket
 import time
 import uuid
@@ -52,6 +53,9 @@ LIBRARY_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THR
                "NUMBA_NUM_THREADS": "1"}
 STATUS_EVERY_S = 1.0
 ENV_STAGE_S = 300.0  # beyond no_worker_timeout_s: one worker fetching a large tarball
+# A run waits at most this long for libraries restarted after the last run (1-3 s each);
+# a worker that is slower gets its calls when its library answers, as in any run.
+REWARM_S = 10.0
 
 
 @dataclass
@@ -109,6 +113,62 @@ def requeued_task(line: bytes) -> int | None:
         with contextlib.suppress(ValueError):
             return int(fields[3]) if int(fields[7]) > 1 else None
     return None
+
+
+class LibraryLogs:
+    """Library instances that died with a traceback, from their logs in TaskVine's run
+    directory, read as they grow: a log is read again only past what was read of it, so a
+    look costs one directory listing, not every log of every worker each second."""
+
+    MARK = b"Traceback (most recent call last)"
+
+    def __init__(self) -> None:
+        self.read_to: dict[str, int] = {}  # log name -> bytes read so far
+        self.tail: dict[str, bytes] = {}  # the last bytes read (a mark split between reads)
+        self.failed: set[str] = set()
+
+    def failures(self, directory: Path) -> list[Path]:
+        try:
+            entries = [e for e in os.scandir(directory) if e.name.endswith(".log")]
+        except OSError:
+            return []
+        for entry in entries:
+            if entry.name in self.failed:
+                continue
+            try:
+                size = entry.stat().st_size
+            except OSError:
+                continue
+            start = self.read_to.get(entry.name, 0)
+            if size <= start:
+                continue
+            try:
+                with open(entry.path, "rb") as f:
+                    f.seek(start)
+                    chunk = f.read(size - start)
+            except OSError:
+                continue
+            self.read_to[entry.name] = start + len(chunk)
+            text = self.tail.get(entry.name, b"") + chunk
+            if self.MARK in text:
+                self.failed.add(entry.name)
+                self.tail.pop(entry.name, None)
+            else:
+                self.tail[entry.name] = text[-len(self.MARK):]
+        return sorted(directory / name for name in self.failed)
+
+
+def exec_command(command: str) -> str:
+    """The library's command line with ``exec`` in front, so that the ``sh -c`` the worker
+    runs it with becomes the library itself (pure).
+
+    The worker kills a library with ``kill(-pid, SIGKILL)``, ``pid`` being the process it
+    started: without ``exec`` that is a shell, and when the shell lost the race to become
+    a group leader the signal reaches nothing while the worker blocks until the library
+    ends by itself (:func:`datavine.worker.remote.library_started` closes that race from
+    inside the library, which needs the library to be that process)."""
+    command = command.strip()
+    return command if command.startswith("exec ") else f"exec {command}"
 
 
 def check_port_free(port: int) -> None:
@@ -169,21 +229,26 @@ class Runtime:
         if self.manager_config.password_file:
             self._m.set_password_file(str(self.manager_config.password_file))
         self._m.tune("watch-library-logfiles", 1)
-        for name, value in silence_tunes(self.manager_config.worker_timeout_s).items():
+        # A file fetched from a peer that has not stored it yet (TaskVine counts a file as
+        # held once sent) fails the task or library that needed it; TaskVine holds it back
+        # for the transient-error interval, 15 s by default: a restarted library's files
+        # race like this between two workers. MANAGER_TUNES makes it 2 s.
+        for name, value in {**MANAGER_TUNES,
+                            **silence_tunes(self.manager_config.worker_timeout_s)}.items():
             self._m.tune(name, value)
         self._library_hook = library_hook
         self.environment = environment
         self._env_file: Any = None
         self._env_tarball: Any = None
         if environment is not None:
-            for name, value in MANAGER_TUNES.items():
-                self._m.tune(name, value)
             self._env_tarball, self._env_file = declare_environment_files(self._m, environment)
         self.liveness = liveness
         self._library: str | None = None
         self._warm: dict[str, int] = {}  # workers warmed up, again after a library restart
         self._rewarm = False
         self._addrports: set[str] = set()  # workers connected at the last status
+        self._worker_counters: tuple[int, int] | None = None  # (joined, removed) then
+        self._library_logs = LibraryLogs()
         self.requeues = RequeueLog(self.info_dir / "vine-logs" / "transactions")
         self._calls: dict[int, Any] = {}  # bundles' calls in TaskVine, by task id
         self.learned = Learned.fresh(self.run_config)  # handed to each run
@@ -224,6 +289,12 @@ class Runtime:
 
     def connected_cores(self) -> int:
         return int(self._m.stats.total_cores)
+
+    def pool_size(self) -> tuple[int, int]:
+        """(workers, cores) connected, from one look at TaskVine's statistics: each look
+        walks every worker several times, so a loop turn takes one."""
+        stats = self._m.stats
+        return int(stats.workers_connected), int(stats.total_cores)
 
     def wait_for_workers(self, n: int, timeout_s: float) -> int:
         """Block until ``n`` workers are connected; raise NoWorkersError after ``timeout_s``."""
@@ -282,7 +353,8 @@ class Runtime:
         if self._library is None:
             name = f"datavine-{uuid.uuid4().hex[:8]}"
             lib = self._m.create_library_from_functions(
-                name, remote.run_bundle, add_env=False, exec_mode="direct")
+                name, remote.run_bundle, add_env=False, exec_mode="direct",
+                library_context_info=[remote.library_started, [], {}])
             lib.set_cores(1)
             lib.set_function_slots(1)
             for var, value in LIBRARY_ENV.items():
@@ -292,6 +364,7 @@ class Runtime:
                 use_environment(lib, self._env_file)
             if self._library_hook:
                 self._library_hook(lib)
+            lib.set_command(exec_command(lib.command))
             self._m.install_library(lib)
             self._library = name
         return self._library
@@ -427,7 +500,10 @@ class Runtime:
             self._m.remove_library(name)
 
     def rewarm(self, timeout_s: float) -> None:
-        """After a library restart, start the new library on the warmed-up workers."""
+        """After a library restart, start the new library on the warmed-up workers, waiting
+        for them at most ``timeout_s`` (and ``REWARM_S``): one worker slow to answer must not
+        hold the next run."""
+        timeout_s = min(timeout_s, REWARM_S)
         if self._rewarm:
             self._rewarm = False
             alive = self.liveness() if self.liveness is not None else None
@@ -455,10 +531,7 @@ class Runtime:
                     lost_addr.add(addrport)
         if now - self._last_status >= STATUS_EVERY_S:
             self._last_status = now
-            try:
-                workers = self._m.status("workers")
-            except Exception:  # a status call must never break a run
-                workers = None
+            workers = self._worker_list_if_changed()
             if isinstance(workers, list):
                 alive_addr = {a for w in workers if isinstance(w, dict)
                               if (a := w.get("addrport"))}
@@ -467,20 +540,23 @@ class Runtime:
                 gone |= set(self.topology.forget_missing(alive_addr))
         return gone, lost_addr
 
+    def _worker_list_if_changed(self) -> list[Any] | None:
+        """TaskVine's list of connected workers, or None when no worker joined or left
+        since the last look (the list costs ~10 ms at 256 workers; the counters nothing)."""
+        stats = self._m.stats
+        counters = (int(stats.workers_joined), int(stats.workers_removed))
+        if counters == self._worker_counters:
+            return None
+        try:
+            workers = self._m.status("workers")
+        except Exception:  # a status call must never break a run
+            return None
+        self._worker_counters = counters
+        return workers
+
     def library_failures(self) -> list[Path]:
         """Logs of library instances that died with a traceback (TaskVine restarts them)."""
-        logs = self.info_dir / "library-logs"
-        if not logs.is_dir():
-            return []
-        failed = []
-        for log in sorted(logs.glob("*.log")):
-            try:
-                text = log.read_text(errors="replace")
-            except OSError:
-                continue
-            if "Traceback (most recent call last)" in text:
-                failed.append(log)
-        return failed
+        return self._library_logs.failures(self.info_dir / "library-logs")
 
     def check_library(self) -> None:
         """Raise once the library died ``max_library_failures`` times (TaskVine would keep
