@@ -12,7 +12,7 @@ size) <= 1.2.
     .venv/bin/python benchmarks/environment.py [--rounds 3] [--no-stage] [--full]
         [--compression zstd] [--workers 4 8] [--taskvine-defaults] [--tune NAME=VALUE ...]
 
-By default the manager gets ``environment.MANAGER_TUNES`` (what datavine's runtime applies);
+By default the manager gets ``runtime.MANAGER_TUNES`` (what datavine's runtime applies);
 ``--taskvine-defaults`` leaves TaskVine's own settings. By default one worker fetches the
 tarball alone before the other tasks are submitted, as datavine's runtime does
 (``Runtime._stage_environment``); ``--no-stage`` shows TaskVine's race without it.
@@ -35,13 +35,13 @@ import psutil
 from datavine.config import LocalWorkersConfig
 from datavine.deploy.local_workers import LocalWorkers
 from datavine.manager.environment import (
-    MANAGER_TUNES,
     EnvSpec,
     PackedEnv,
     declare_environment,
     pack_environment,
     use_environment,
 )
+from datavine.manager.runtime import MANAGER_TUNES
 
 REPO = Path(__file__).resolve().parents[1]
 SLIM = ("datavine", "numpy", "cloudpickle", "awkward", "uproot", "dask")

@@ -42,9 +42,6 @@ STDLIB_SKIP = NO_OPT_PYC | {"site-packages", "test", "tests", "idlelib", "tkinte
 SOURCE_SKIP = frozenset({"__pycache__", "*.egg-info", "*.dist-info"})
 COMPRESSORS = {"gzip": (".tar.gz", ["gzip", "-6", "-n"]), "none": (".tar", None),
                "zstd": (".tar.zst", ["zstd", "-3", "-T0", "-q"])}
-# For the runtime's manager.tune: TaskVine takes a file it sent as stored before the worker
-# stored it; a peer asked for it that early fails, and the task waits this long (default 15 s).
-MANAGER_TUNES = {"transient-error-interval": 2}
 RUN_IN_ENV = """#!/bin/sh
 # datavine's packed Python environment: run "$@" with this tree's Python first on PATH.
 env_dir=$(cd "$(dirname "$0")/.." && pwd -P)
