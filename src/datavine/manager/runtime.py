@@ -55,10 +55,9 @@ STATUS_EVERY_S = 1.0
 # - transient-error-interval: TaskVine takes a file it sent as stored before the worker
 #   stored it; a peer asked for it that early fails, and the task or library that needed
 #   it is held back this long (default 15 s): a restarted library's files race like this.
-# - max-retrievals: results taken per wait cycle (default 1). Each cycle polls every
-#   worker's link; taking every result waiting in one cycle (-1) makes a wave of N results
-#   cost one poll, not N: manager CPU per bundle -12% at 256 workers, -16% at 8.
-MANAGER_TUNES = {"transient-error-interval": 2, "max-retrievals": -1}
+# (max-retrievals -1, every waiting result in one wait cycle, was tried for the workers
+# benchmark: within its run-to-run noise, so left at TaskVine's default.)
+MANAGER_TUNES = {"transient-error-interval": 2}
 ENV_STAGE_S = 300.0  # beyond no_worker_timeout_s: one worker fetching a large tarball
 # A run waits at most this long for libraries restarted after the last run (1-3 s each);
 # a worker that is slower gets its calls when its library answers, as in any run.
