@@ -179,3 +179,23 @@ def test_the_library_is_the_process_the_worker_kills(tmp_path: Path) -> None:
         pid, group, parent = c.get({"p": (library_process,)}, "p")
     assert parent == "vine_worker"
     assert group == pid
+
+
+def test_a_local_cluster_whose_workers_never_connect_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's first calls go out before the workers connect: workers that never do
+    (here, a wrong password) still end the start with NoWorkersError after the bound, naming
+    how long it waited, and nothing keeps running."""
+    from datavine.deploy import local_workers
+
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not the cluster's password")
+    real = local_workers.worker_command
+    monkeypatch.setattr(local_workers, "worker_command",
+                        lambda *a, **k: real(*a, **{**k, "password_file": wrong}))
+    cfg = datavine.ManagerConfig(run_dir=tmp_path / "run")
+    start = time.monotonic()
+    with pytest.raises(datavine.NoWorkersError, match=r"only 0 of 1 workers .* within [3-9] s"):
+        with datavine.LocalCluster(workers=1, cores=1, manager=cfg, connect_timeout_s=3):
+            pass
+    assert time.monotonic() - start < 30

@@ -22,6 +22,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -90,12 +91,16 @@ class Cluster:
         self.runtime = Runtime(self.manager_config, self.run_config, liveness=self._alive,
                                environment=self.environment)
         self._start_workers()
-        if self.min_workers:
-            self._rt.wait_for_workers(self.min_workers, self.connect_timeout_s)
+        self._wait_ready()
         return self
 
     def _start_workers(self) -> None:
         """Subclasses start their workers here."""
+
+    def _wait_ready(self) -> None:
+        """Wait for ``min_workers`` (NoWorkersError after ``connect_timeout_s``)."""
+        if self.min_workers:
+            self._rt.wait_for_workers(self.min_workers, self.connect_timeout_s)
 
     def _alive(self) -> set[str]:
         """Names of the workers this cluster started that still run (none here)."""
@@ -163,11 +168,23 @@ class LocalCluster(Cluster):
         """Start the manager and the workers, wait for them, and (``warm_up``) start the
         library on every worker core, so that the first run does not wait for it."""
         super().start()
-        if self.warm_up:
-            cfg = self.workers_config
-            cores = {local_worker_id(i): cfg.cores for i in range(cfg.workers)}
-            self.warm_libraries = self._rt.warm_up(cores, self.connect_timeout_s)
         return self
+
+    def _wait_ready(self) -> None:
+        """With ``warm_up``, the library's first calls (one per core, each for its worker)
+        go out before the workers have connected: each is sent as its worker connects, so
+        the libraries start while the other workers are still connecting. Waiting for the
+        workers first cost a whole second here (TaskVine's waits are whole seconds, the
+        workers connect within ~0.3 s) before any library started."""
+        if not self.warm_up:
+            super()._wait_ready()
+            return
+        cfg = self.workers_config
+        cores = {local_worker_id(i): cfg.cores for i in range(cfg.workers)}
+        started = time.monotonic()
+        self.warm_libraries = self._rt.warm_up(cores, self.connect_timeout_s)
+        # all connected by now, or NoWorkersError naming how many did within the bound
+        self._rt.wait_for_workers(self.min_workers, 0.0, waited_s=time.monotonic() - started)
 
     def _alive(self) -> set[str]:
         return self.workers.alive_ids() if self.workers is not None else set()

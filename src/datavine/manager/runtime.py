@@ -298,14 +298,15 @@ class Runtime:
         stats = self._m.stats
         return int(stats.workers_connected), int(stats.total_cores)
 
-    def wait_for_workers(self, n: int, timeout_s: float) -> int:
-        """Block until ``n`` workers are connected; raise NoWorkersError after ``timeout_s``."""
+    def wait_for_workers(self, n: int, timeout_s: float, *, waited_s: float = 0.0) -> int:
+        """Block until ``n`` workers are connected; raise NoWorkersError after ``timeout_s``
+        (``waited_s``: how long the caller waited for them already, for the message)."""
         deadline = time.monotonic() + timeout_s
         while self.connected_workers() < n:
             if time.monotonic() > deadline:
                 raise NoWorkersError(
                     f"only {self.connected_workers()} of {n} workers connected to the manager on "
-                    f"port {self.port} within {timeout_s:.0f} s")
+                    f"port {self.port} within {waited_s + timeout_s:.0f} s")
             self._m.wait(1)  # also accepts connecting workers
         return self.connected_workers()
 
