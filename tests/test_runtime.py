@@ -195,7 +195,7 @@ def test_a_local_cluster_whose_workers_never_connect_says_so(
                         lambda *a, **k: real(*a, **{**k, "password_file": wrong}))
     cfg = datavine.ManagerConfig(run_dir=tmp_path / "run")
     start = time.monotonic()
-    with pytest.raises(datavine.NoWorkersError, match=r"only 0 of 1 workers .* within [3-9] s"):
-        with datavine.LocalCluster(workers=1, cores=1, manager=cfg, connect_timeout_s=3):
-            pass
+    with (pytest.raises(datavine.NoWorkersError, match=r"only 0 of 1 workers .* within [3-9] s"),
+          datavine.LocalCluster(workers=1, cores=1, manager=cfg, connect_timeout_s=3)):
+        pass
     assert time.monotonic() - start < 30
