@@ -69,11 +69,8 @@ class FakeRuntime:
     def connected_workers(self) -> int:
         return len(self.workers)
 
-    def connected_cores(self) -> int:
-        return len(self.workers)
-
     def pool_size(self) -> tuple[int, int]:
-        return self.connected_workers(), self.connected_cores()
+        return self.connected_workers(), len(self.workers)
 
     def check_library(self) -> None:
         pass

@@ -289,9 +289,6 @@ class Runtime:
     def connected_workers(self) -> int:
         return int(self._m.stats.workers_connected)
 
-    def connected_cores(self) -> int:
-        return int(self._m.stats.total_cores)
-
     def pool_size(self) -> tuple[int, int]:
         """(workers, cores) connected, from one look at TaskVine's statistics: each look
         walks every worker several times, so a loop turn takes one."""

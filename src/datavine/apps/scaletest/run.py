@@ -284,7 +284,7 @@ def pool_size(cluster: Any, summary: Any) -> tuple[int, int]:
         return max(s[1] for s in samples), max(s[2] for s in samples)
     runtime = getattr(cluster, "runtime", None)
     if runtime is not None:
-        return runtime.connected_workers(), runtime.connected_cores()
+        return runtime.pool_size()
     return int(getattr(summary, "workers", 0) or 0), int(getattr(summary, "workers", 0) or 0)
 
 
