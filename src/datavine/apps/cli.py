@@ -9,6 +9,8 @@
   description (:mod:`datavine.deploy.facility`).
 - ``datavine pool start|status|stop``: :mod:`datavine.deploy.pools.cli`.
 - ``datavine scale-test``: :mod:`datavine.apps.scaletest.cli`, when that module is installed.
+- ``datavine box up|down|status|exec|cut|restore|shape``: a facility in a box
+  (:mod:`datavine.deploy.box.cli`).
 
 Settings that cannot be used (:class:`~datavine.config.ConfigError`) and datavine's own
 errors (:class:`~datavine.errors.DatavineError`) end the command with exit code 2 and one
@@ -111,6 +113,7 @@ def add_scale_test_command(subparsers: argparse._SubParsersAction) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     from datavine import __version__
+    from datavine.deploy.box.cli import add_box_commands
     from datavine.deploy.pools.cli import add_pool_commands
 
     parser = argparse.ArgumentParser(
@@ -123,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_command(sub)
     add_pool_commands(sub)
     add_scale_test_command(sub)
+    add_box_commands(sub)
     return parser
 
 

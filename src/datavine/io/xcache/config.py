@@ -3,7 +3,8 @@
 Pure string building, so the generated files are tested without starting anything. The
 directives follow what was measured on XRootD 5.5.3 (shared/FINDINGS.md, XCache section):
 
-- every server accepts only local clients (``xrd.allow host localhost``);
+- every server accepts only local clients by default (``xrd.allow host localhost``; a
+  facility or the box passes its own host patterns);
 - the origin exports its data read-only and traces opens and reads to its log, and every
   server sends summary statistics (``xrd.report ... sync``) as XML over UDP to a listener of
   the testbed: ``sync`` makes the byte counters of still-open connections current, which
@@ -16,6 +17,7 @@ directives follow what was measured on XRootD 5.5.3 (shared/FINDINGS.md, XCache 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,15 +53,18 @@ class ServerPaths:
 
 
 def _common(port: int, paths: ServerPaths, report_port: int | None, report_every_s: int,
-            http_port: int | None) -> list[str]:
+            http_port: int | None, allow_hosts: Sequence[str] = ("localhost",),
+            report_host: str = "127.0.0.1") -> list[str]:
+    if not allow_hosts:
+        raise ValueError("allow_hosts: at least one host pattern (an empty list lets anyone in)")
     lines = [
         f"xrd.port {port}",
-        "xrd.allow host localhost",
+        *(f"xrd.allow host {pattern}" for pattern in allow_hosts),
         f"all.adminpath {paths.admin}",
         f"all.pidpath {paths.admin}",
     ]
     if report_port is not None:
-        lines.append(f"xrd.report 127.0.0.1:{report_port} every {report_every_s}s all sync")
+        lines.append(f"xrd.report {report_host}:{report_port} every {report_every_s}s all sync")
     if http_port is not None:
         lines.append(f"xrd.protocol XrdHttp:{http_port} libXrdHttp.so")
     return lines
@@ -67,13 +72,18 @@ def _common(port: int, paths: ServerPaths, report_port: int | None, report_every
 
 def origin_config(data_dir: Path, port: int, paths: ServerPaths, *,
                   report_port: int | None = None, report_every_s: int = 1,
-                  http_port: int | None = None) -> str:
-    """The origin: serves ``data_dir`` read-only and logs every open and read."""
+                  http_port: int | None = None, allow_hosts: Sequence[str] = ("localhost",),
+                  report_host: str = "127.0.0.1") -> str:
+    """The origin: serves ``data_dir`` read-only and logs every open and read.
+
+    ``allow_hosts``: the clients it accepts (XRootD host patterns, e.g. ``*.box``);
+    ``report_host``: where its summary statistics go (with ``report_port``)."""
     lines = [
         "# datavine XCache testbed: origin",
         "all.export / r/o",
         f"oss.localroot {data_dir}",
-        *_common(port, paths, report_port, report_every_s, http_port),
+        *_common(port, paths, report_port, report_every_s, http_port, allow_hosts,
+                 report_host),
         "ofs.trace open close read",
     ]
     return "\n".join(lines) + "\n"
@@ -81,17 +91,21 @@ def origin_config(data_dir: Path, port: int, paths: ServerPaths, *,
 
 def shard_config(origin_port: int, port: int, paths: ServerPaths, *, blocksize: str = "128k",
                  ram: str = "1g", prefetch: int = 0, report_port: int | None = None,
-                 report_every_s: int = 1, http_port: int | None = None) -> str:
-    """One XCache shard: a caching proxy of the origin with its own cache directory."""
+                 report_every_s: int = 1, http_port: int | None = None,
+                 allow_hosts: Sequence[str] = ("localhost",), report_host: str = "127.0.0.1",
+                 origin_host: str = "127.0.0.1") -> str:
+    """One XCache shard: a caching proxy of the origin (on ``origin_host``) with its own
+    cache directory; ``allow_hosts`` and ``report_host`` as for :func:`origin_config`."""
     if not ram.lower().endswith("g") or float(ram[:-1]) < 1:
         raise ValueError(f"pfc.ram must be >= 1g (XRootD refuses less), got {ram!r}")
     lines = [
         f"# datavine XCache testbed: shard {paths.name}",
         "all.export /",
-        *_common(port, paths, report_port, report_every_s, http_port),
+        *_common(port, paths, report_port, report_every_s, http_port, allow_hosts,
+                 report_host),
         "ofs.osslib libXrdPss.so",
         "pss.cachelib libXrdPfc.so",
-        f"pss.origin 127.0.0.1:{origin_port}",
+        f"pss.origin {origin_host}:{origin_port}",
         f"oss.localroot {paths.cache}",
         f"pfc.ram {ram}",
         f"pfc.blocksize {blocksize}",
