@@ -11,7 +11,7 @@ import pytest
 
 import tests
 
-pytest_plugins = ["tests.fixtures_xcache"]
+pytest_plugins = ["tests.fixtures_xcache", "tests.fixtures_box"]
 # Test modules are not installed on the workers: their functions travel by value.
 cloudpickle.register_pickle_by_value(tests)
 

@@ -42,7 +42,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     facility = box.dir / "facility.toml"
     if facility.exists():
         print(f"facility file: {facility}")
-    print(f"run on a host:  datavine box exec mgr -- CMD ...   take down: datavine box down")
+    print("run on a host:  datavine box exec mgr -- CMD ...   take down: datavine box down")
     return 0
 
 

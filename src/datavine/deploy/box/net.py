@@ -14,6 +14,7 @@ TaskVine workers report to the manager and HTCondor daemons advertise.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -80,6 +81,15 @@ def _run(argv: Sequence[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S,
         raise BoxError(f"{what}: '{' '.join(argv)}' failed ({done.returncode}): "
                        f"{(done.stderr or done.stdout).strip()}")
     return done
+
+
+def _more_specific(dest: str) -> list[str]:
+    """``dest`` as routes that win over the box's own route to it: the two halves of a
+    subnet (the longest prefix wins; the same prefix again would be refused), a host as is."""
+    net = ipaddress.ip_network(dest, strict=False)
+    if net.prefixlen == net.max_prefixlen:
+        return [str(net)]
+    return [str(half) for half in net.subnets(prefixlen_diff=1)]
 
 
 def existing_namespaces() -> set[str]:
@@ -278,8 +288,9 @@ class Box:
         silently (a firewall's DROP: senders time out), ``prohibit`` refuses at once."""
         if kind not in ("blackhole", "prohibit", "unreachable"):
             raise BoxError(f"cut kind {kind!r}: one of blackhole, prohibit, unreachable")
-        self._route("add", namespace, kind, dest)
-        self._state["cuts"].append([namespace, kind, dest])
+        for part in _more_specific(dest):
+            self._route("add", namespace, kind, part)
+            self._state["cuts"].append([namespace, kind, part])
         self._save()
 
     def cut_racks(self, kind: str = "blackhole") -> None:
