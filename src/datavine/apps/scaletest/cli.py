@@ -83,6 +83,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     pool.add_argument("--xcache", type=cli_types.non_negative, default=0, metavar="N",
                       help="read the generated files through a loopback XCache testbed of "
                       "N shards (default 0: local files)")
+    pool.add_argument("--facility", type=Path, metavar="FILE",
+                      help="manager, run settings and XCache shards from a facility file "
+                      "(the data must lie in its export_root); workers from its pools, or "
+                      "--pool external --workers N of a pool started elsewhere")
     pool.add_argument("--no-memory-caps", action="store_true",
                       help="run tasks in the workers' library processes, uncapped, not in "
                       "their capped child")
@@ -123,7 +127,8 @@ def config_from_args(args: argparse.Namespace) -> ScaleTestConfig:
         chunk_events=args.chunk_events, compression=args.compression, seed=args.seed,
         data_dir=args.data, fileset=args.fileset, workers=args.workers, cores=args.cores,
         memory_mb=args.memory, pool=args.pool, port=args.port, password_file=args.password,
-        manager_host=args.manager_host, xcache_shards=args.xcache, timeout_s=args.timeout,
+        manager_host=args.manager_host, xcache_shards=args.xcache, facility=args.facility,
+        timeout_s=args.timeout,
         connect_timeout_s=args.connect_timeout, bin_s=args.bin, progress=args.progress,
         memory_caps=not args.no_memory_caps)
 

@@ -59,6 +59,10 @@ class ScaleTestConfig:
             ``port`` with ``password_file``) or ``condor`` (HTCondor through vine_factory).
         manager_host: where condor workers find the manager.
         xcache_shards: serve the files through a loopback XCache testbed of N shards.
+        facility: a facility file: the manager, the run settings and the XCache shards
+            come from it (the generated files must lie in its ``xcache.export_root``, and
+            are read through its origin's shards); the workers are its pools', or
+            ``workers`` of a pool started elsewhere (``pool="external"``).
         retries: attempts again of a chunk that failed with an I/O error.
         merge_fanin: chunk results merged per merge task.
         passes: read the dataset this many times, each pass's chunks tasks of their own: a
@@ -87,6 +91,7 @@ class ScaleTestConfig:
     password_file: Path | None = None
     manager_host: str = "127.0.0.1"
     xcache_shards: int = 0
+    facility: Path | None = None
     retries: int = 1
     merge_fanin: int = 8
     passes: int = 1
@@ -108,7 +113,11 @@ class ScaleTestConfig:
                               f"{self.compression!r}")
         if self.pool not in POOLS:
             raise ConfigError(f"scale test: pool must be one of {POOLS}, got {self.pool!r}")
-        if self.pool == "external" and not (self.port and self.password_file):
+        if self.facility is not None and self.xcache_shards:
+            raise ConfigError("scale test: a facility's shards (--facility) and a loopback "
+                              "XCache testbed (--xcache) exclude each other")
+        if self.pool == "external" and self.facility is None and not (
+                self.port and self.password_file):
             raise ConfigError("scale test: pool 'external' needs the manager's port and "
                               "password file (--port, --password) that its workers use")
         if self.merge_fanin < 2:
@@ -202,7 +211,9 @@ def fileset_files(path: Path) -> list[str]:
 def serve_files(stack: contextlib.ExitStack, config: ScaleTestConfig,
                 files: list[str]) -> tuple[Any, list[str]]:
     """Without XCache: (None, files). With it: a testbed serving the files' folder, and the
-    files' ``root://`` URLs at its origin."""
+    files' ``root://`` URLs at its origin; with a facility, its shards and origin."""
+    if config.facility is not None:
+        return facility_files(config.facility, files)
     if not config.xcache_shards:
         return None, files
     from datavine.apps.cli import readable_folder
@@ -226,6 +237,24 @@ def serve_files(stack: contextlib.ExitStack, config: ScaleTestConfig,
     return testbed.shard_map(), [origin_url(p, folder, testbed.origin_url) for p in served]
 
 
+def facility_files(path: Path, files: list[str]) -> tuple[Any, list[str]]:
+    """The facility's shard map, and the files' URLs at its origin."""
+    from datavine.apps.analysis.sources import origin_url
+    from datavine.deploy.facility import load_facility
+
+    facility = load_facility(path)
+    shards = facility.shards
+    if shards is None or shards.origin is None or facility.export_root is None:
+        raise ScaleTestError(f"{path}: [xcache] origin, export_root and shards are needed to "
+                             "read the files through the facility's shards")
+    try:
+        urls = [f if "://" in f else origin_url(f, facility.export_root, shards.origin.url)
+                for f in files]
+    except ValueError as exc:
+        raise ScaleTestError(f"{path}: xcache.export_root: {exc}") from exc
+    return shards, urls
+
+
 # ---------------------------------------------------------------------------------------
 # pool
 
@@ -239,10 +268,22 @@ def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap
     run_dir = launch.run_directory(stack, "datavine-scaletest-")
     run = RunConfig(progress=config.progress, timeout_s=config.timeout_s, shardmap=shardmap,
                     no_worker_timeout_s=max(60.0, config.connect_timeout_s))
+    facility = None
+    if config.facility is not None:
+        from datavine.deploy.facility import load_facility
+
+        facility = load_facility(config.facility)
+        run = facility.run.replace(progress=config.progress, shardmap=shardmap,
+                                   timeout_s=config.timeout_s or facility.run.timeout_s)
     if not config.memory_caps:
         run = run.replace(memory=None)
-    if config.pool == "local":
-        cluster: Any = launch.local_cluster(
+    if facility is not None:
+        cluster: Any = launch.choose_cluster(
+            run, facility.manager, facility=facility,
+            pool_workers=config.n_workers if config.pool == "external" else None,
+            connect_timeout_s=config.connect_timeout_s).cluster
+    elif config.pool == "local":
+        cluster = launch.local_cluster(
             run, ManagerConfig(run_dir=run_dir), workers=config.n_workers, cores=config.cores,
             memory_mb=config.memory_mb, connect_timeout_s=config.connect_timeout_s)
     else:  # workers from a pool started elsewhere, or HTCondor's started below
