@@ -9,10 +9,14 @@ transfer server keeps the manager's connection) and with its whole session, a fr
 runaway task under a time limit, a run that times out (is the cluster usable at once?), a
 busy port, a missing and a corrupt input file, and a client (``datavine run`` on the loopback
 XCache, a script holding a LocalCluster) sent SIGTERM, SIGHUP and SIGKILL, and a worker's
-job removed from the personal HTCondor pool (``condor_rm``, as a preemption). Prints a table
-(fault, recovered, seconds, seconds over the baseline, processes and files left, outcome)
-and last one line ``faults=N recovered=N leftovers=N max_recover_s=S``: ``max_recover_s`` is
-the largest time a fault added to the run (for a signalled client: its time to exit).
+job removed from the personal HTCondor pool (``condor_rm``, as a preemption), and across the
+network on a fresh box each (:mod:`datavine.apps.box_faults`: a rack cut from the manager
+mid-run, a shard's host unreachable, the inter-rack link slowed 10x). Prints a table
+(fault, injected, recovered, seconds, seconds over the baseline, processes and files left,
+outcome) and last one line ``faults=N injected=N recovered=N leftovers=N max_recover_s=S``:
+a fault whose target was not there (or that was due after the run ended) is "not injected"
+and never counts as recovered; ``max_recover_s`` is the largest time a fault added to the
+run (for a signalled client: its time to exit).
 Goal: every fault recovered or reported correctly, 0 leftovers, max_recover_s <= 30.
 """
 
@@ -27,12 +31,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from datavine.apps import faults
+from datavine.apps import box_faults, faults
 from datavine.apps.faults import FaultResult
 from datavine.errors import RunTimeoutError, TaskTimeLimitError
 
 ROOT = Path(__file__).resolve().parents[1]
+BOX_FILES, BOX_EVENTS = 8, 100_000  # the box faults' data: runs of a few seconds
 
 
 def scenarios(data: Path, scratch: Path) -> dict[str, Callable[[], FaultResult]]:
@@ -67,7 +73,23 @@ def scenarios(data: Path, scratch: Path) -> dict[str, Callable[[], FaultResult]]
         "datavine run SIGKILL": lambda: faults.client_signal(
             "datavine run SIGKILL", signal.SIGKILL, run_cmd, 6),
         "HTCondor worker job removed": lambda: condor_scenario(scratch),
+        **{name: (lambda name=name, inject=inject: box_scenario(name, inject, data))
+           for name, inject in box_faults.FAULTS.items()},
     }
+
+
+def box_scenario(name: str, inject: Callable[[Any], str], data: Path) -> FaultResult:
+    """On a fresh box (2 racks x 1 host): skipped, saying why, where none can be made."""
+    from datavine.deploy.box.net import box_missing
+    from datavine.io.datagen import generate_dataset
+
+    why = box_missing()
+    if why:
+        return FaultResult(name, False, 0.0, f"NOT RUN: {why}", injected=False)
+    files = generate_dataset(data, BOX_FILES, BOX_EVENTS, "zstd")
+    for p in [data, *files]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return box_faults.run_with_fault(name, inject, data, files=BOX_FILES, events=BOX_EVENTS)
 
 
 def condor_scenario(scratch: Path) -> FaultResult:
@@ -133,7 +155,8 @@ def main() -> int:
     print_table(results, baseline.seconds)
     faulted = results[1:]
     added = [added_s(r, baseline.seconds) for r in faulted]
-    print(f"faults={len(faulted)} recovered={sum(r.recovered for r in faulted)} "
+    print(f"faults={len(faulted)} injected={sum(r.injected is not False for r in faulted)} "
+          f"recovered={sum(r.recovered for r in faulted)} "
           f"leftovers={sum(r.leftovers for r in results)} "
           f"max_recover_s={max(added, default=0.0):.1f} baseline_s={baseline.seconds:.1f}")
     if args.json:
@@ -151,10 +174,11 @@ def added_s(result: FaultResult, baseline_s: float) -> float:
 
 
 def print_table(results: list[FaultResult], baseline_s: float) -> None:
-    print("\n| fault | recovered | s | s added | processes left | files left | outcome |\n"
-          "|---|---|---|---|---|---|---|")
+    print("\n| fault | injected | recovered | s | s added | processes left | files left | "
+          "outcome |\n|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r.fault} | {'yes' if r.recovered else 'NO'} | {r.seconds:.1f} | "
+        injected = {True: "yes", False: "NO", None: "-"}[r.injected]
+        print(f"| {r.fault} | {injected} | {'yes' if r.recovered else 'NO'} | {r.seconds:.1f} | "
               f"{added_s(r, baseline_s):.1f} | {r.processes_left} | {r.files_left} | "
               f"{r.outcome} |")
     print()

@@ -46,7 +46,9 @@ CLEAN_BOUND_S = 15.0  # and what it started this long after that
 class FaultResult:
     """One injected fault. ``recovered``: the result was correct or the expected error was
     raised; ``seconds``: wall time of the run with the fault (for clients: signal to exit);
-    ``outcome``: what happened, in words; ``left``: live processes and files left behind."""
+    ``outcome``: what happened, in words; ``left``: live processes and files left behind;
+    ``injected``: whether the fault struck at all (None: nothing to inject, e.g. a busy
+    port); a fault that was meant to strike and did not is never counted as recovered."""
 
     fault: str
     recovered: bool
@@ -54,6 +56,7 @@ class FaultResult:
     outcome: str
     processes_left: int = 0
     files_left: int = 0
+    injected: bool | None = None
 
     @property
     def leftovers(self) -> int:
@@ -165,6 +168,7 @@ def in_cluster(name: str, inject: Callable[[Any], None] | None, *, expect: type 
     with private_tmp() as tmp:
         sids: set[int] = set()
         outcome, ok = "", False
+        strike: Strike | None = None
         t0 = time.monotonic()
         try:
             with datavine.LocalCluster(workers=workers, cores=1,
@@ -172,9 +176,7 @@ def in_cluster(name: str, inject: Callable[[Any], None] | None, *, expect: type 
                 assert cluster.workers is not None
                 sids = {p.pid for p in cluster.workers.procs}
                 if inject is not None:
-                    timer = threading.Timer(FAULT_AT_S, inject, (cluster,))
-                    timer.daemon = True
-                    timer.start()
+                    strike = Strike(inject, cluster).start()
                 t0 = time.monotonic()
                 try:
                     (value,) = cluster.get(dsk, ["total"])
@@ -197,10 +199,49 @@ def in_cluster(name: str, inject: Callable[[Any], None] | None, *, expect: type 
         except Exception as exc:
             seconds = time.monotonic() - t0
             ok, outcome = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        if strike is not None:
+            strike.cancel()
+            ok, outcome = strike.verdict(ok, outcome)
         wait_until_quiet(sids)
         files = sum(1 for _ in tmp.rglob("*"))
         shutil.rmtree(tmp, ignore_errors=True)
-    return FaultResult(name, ok, seconds, outcome, len(live_in_sessions(sids)), files)
+    return FaultResult(name, ok, seconds, outcome, len(live_in_sessions(sids)), files,
+                       injected=strike.injected if strike is not None else None)
+
+
+class FaultNotInjected(Exception):
+    """The fault's target was not there: nothing was injected, so nothing was shown."""
+
+
+class Strike:
+    """Runs ``inject(target)`` once ``FAULT_AT_S`` into a run and remembers whether it struck:
+    ``injected`` is True once it returned, False if it raised or never ran."""
+
+    def __init__(self, inject: Callable[[Any], Any], target: Any) -> None:
+        self.injected = False
+        self.why = "the run ended before the fault was due"
+        self._timer = threading.Timer(FAULT_AT_S, self._strike, (inject, target))
+        self._timer.daemon = True
+
+    def _strike(self, inject: Callable[[Any], Any], target: Any) -> None:
+        try:
+            inject(target)
+            self.injected = True
+        except Exception as exc:  # a timer thread must not raise: reported in the result
+            self.why = f"{type(exc).__name__}: {exc}"
+
+    def start(self) -> Strike:
+        self._timer.start()
+        return self
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def verdict(self, ok: bool, outcome: str) -> tuple[bool, str]:
+        """``ok`` only if the fault struck; the outcome says when it did not."""
+        if self.injected:
+            return ok, outcome
+        return False, f"FAULT NOT INJECTED ({self.why}); {outcome}"
 
 
 def wait_until_quiet(sids: set[int], timeout_s: float = CLEAN_BOUND_S) -> None:
@@ -226,12 +267,16 @@ def freeze_worker(cluster: Any) -> None:
 
 def kill_library(cluster: Any) -> None:
     libraries, _ = library_pids(_worker0(cluster))
+    if not libraries:
+        raise FaultNotInjected("no library process under worker 0")
     for pid in libraries:
         os.kill(pid, signal.SIGKILL)
 
 
 def kill_capped_child(cluster: Any) -> None:
     _, children = library_pids(_worker0(cluster))
+    if not children:
+        raise FaultNotInjected("no capped child under worker 0's library")
     for pid in children:
         os.kill(pid, signal.SIGKILL)  # what the kernel's OOM killer does
 
@@ -294,6 +339,7 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
         proc = subprocess.Popen(command, env={**os.environ, **(env or {}), "TMPDIR": str(tmp)},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         seen: set[int] = set()
+        injected = False
 
         def sessions() -> set[int]:
             for pid in descendants(proc.pid):
@@ -310,6 +356,7 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
                 before(sids)
                 time.sleep(FAULT_AT_S)
             t0 = time.monotonic()
+            injected = proc.poll() is None  # a client that already ended was not signalled
             proc.send_signal(sig)
             try:
                 proc.wait(timeout=EXIT_BOUND_S)
@@ -334,12 +381,15 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(tmp, ignore_errors=True)
     expected = (128 + sig, -sig)  # its own exit code, or death by the signal itself
-    ok = proc.returncode in expected and not left and not files and len(sids) >= ready_sessions
+    ok = (injected and proc.returncode in expected and not left and not files
+          and len(sids) >= ready_sessions)
     outcome = (f"exit {proc.returncode} after {exit_s:.1f} s, all gone after {seconds:.1f} s"
                + (f"; {err[-1][:80]}" if err else ""))
     if files:
         outcome += f"; left {', '.join(sorted({str(f.relative_to(tmp).parts[0]) for f in files}))}"
-    return FaultResult(name, ok, seconds, outcome, len(left), len(files))
+    if not injected:
+        outcome = f"FAULT NOT INJECTED (the client ended before its signal); {outcome}"
+    return FaultResult(name, ok, seconds, outcome, len(left), len(files), injected=injected)
 
 
 def freeze_one_worker(sessions: set[int]) -> None:
@@ -436,11 +486,12 @@ def condor_worker_removed(password_file: Path, pool_dir: Path | None = None) -> 
             cluster_id, proc_id = jobs[0].split()
             condor_exec("condor_rm", f"{cluster_id}.{proc_id}")
 
+        strike: Strike | None = None
         try:
             with pool, datavine.Cluster(manager, datavine.RunConfig(no_worker_timeout_s=60,
                                                                     timeout_s=240),
                                         min_workers=3, connect_timeout_s=120) as cluster:
-                threading.Timer(FAULT_AT_S, remove_one, (cluster,)).start()
+                strike = Strike(remove_one, cluster).start()
                 t0 = time.monotonic()
                 (value,) = cluster.get(dsk, ["total"])
                 seconds = time.monotonic() - t0
@@ -449,8 +500,11 @@ def condor_worker_removed(password_file: Path, pool_dir: Path | None = None) -> 
                            f"{cluster.last_summary.retries} retries")
         except Exception as exc:
             outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        if strike is not None:
+            strike.cancel()
+            ok, outcome = strike.verdict(ok, outcome)
         left = condor_exec("condor_q", "-allusers", "-constraint", constraint, "-af",
                            "ClusterId").stdout.split()
         shutil.rmtree(tmp, ignore_errors=True)
     return FaultResult("HTCondor worker job removed", ok and not left, seconds, outcome,
-                       len(left), 0)
+                       len(left), 0, injected=strike.injected if strike is not None else False)
