@@ -214,3 +214,30 @@ def test_capped_call_past_its_time_limit_is_killed() -> None:
     assert result.timed_out and not result.ok
     assert "time limit" in str(result.error)
     assert result.wall_s < 20
+
+
+def test_a_fault_that_never_struck_is_not_recovered() -> None:
+    import time
+
+    from datavine.apps import faults
+
+    def missing_target(_: object) -> None:
+        raise faults.FaultNotInjected("no library process under worker 0")
+
+    strike = faults.Strike(missing_target, object())
+    strike._strike(missing_target, object())  # as the timer would
+    assert not strike.injected
+    ok, outcome = strike.verdict(True, "result correct")
+    assert not ok and "FAULT NOT INJECTED" in outcome and "no library process" in outcome
+
+    hits: list[object] = []
+    target = object()
+    strike = faults.Strike(hits.append, target)
+    strike._strike(hits.append, target)
+    assert strike.injected and hits == [target]
+    assert strike.verdict(True, "result correct") == (True, "result correct")
+
+    late = faults.Strike(hits.append, target).start()  # due FAULT_AT_S from now
+    late.cancel()  # the run ended first
+    time.sleep(0.05)
+    assert late.verdict(True, "result correct")[0] is False
