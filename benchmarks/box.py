@@ -194,6 +194,30 @@ def scale_test_on_box(args: argparse.Namespace, data: Path, workdir: Path) -> di
         take_down(box)
 
 
+def coffea_on_box(args: argparse.Namespace, data: Path, workdir: Path) -> dict[str, Any]:
+    """coffea's ``Runner`` with ``DatavineExecutor`` on a fresh box (benchmarks/box_coffea.py
+    on the manager host); its JSON line, with the inter-rack bytes."""
+    spec = BoxSpec(name="bench", racks=args.racks, hosts_per_rack=args.hosts_per_rack,
+                   link_mbit=args.link_mbit)
+    box = bring_up(spec, workdir / "box-coffea", data=data)
+    try:
+        start_workers(box)
+        argv = [sys.executable, str(Path(__file__).resolve().parent / "box_coffea.py"),
+                "--facility", str(box.dir / "facility.toml"), "--data", str(data),
+                "--files", str(args.files), "--workers",
+                str(args.racks * args.hosts_per_rack)]
+        before = box.interrack_bytes()
+        done = box.run("mgr", argv, timeout_s=args.timeout + 120, check=False)
+        crossed = box.interrack_bytes() - before
+        if done.returncode != 0:
+            return {"error": (done.stderr or done.stdout).strip()[-800:]}
+        record: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        record["interrack_bytes"] = crossed
+        return record
+    finally:
+        take_down(box)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=16)
@@ -210,6 +234,7 @@ def main() -> int:
                         help="the facility model's loopback calibration (JSON)")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--no-scale-test", action="store_true")
+    parser.add_argument("--no-coffea", action="store_true")
     parser.add_argument("--png", type=Path, default=common.REPO / "benchmarks" / "figures"
                         / "box.png")
     args = parser.parse_args()
@@ -276,8 +301,17 @@ def main() -> int:
         if "error" in st:
             print(f"scale test on the box FAILED: {st['error']}")
         else:
+            print(f"scale test on the box: {st.get('gbps')} Gbps, inter-rack "
+                  f"{st['interrack_bytes'] / 1e6:.1f} MB")
             pairs["scaletest_gbps"] = fmt(st.get("gbps"))
             pairs["scaletest_interrack_mb"] = fmt(st["interrack_bytes"] / 1e6, ".1f")
+    if not args.no_coffea:
+        cf = coffea_on_box(args, data, workdir)
+        print(f"coffea Runner on the box: {cf}")
+        if "error" not in cf:
+            pairs["coffea_events_per_s"] = fmt(cf["events_per_s"], ".0f")
+            pairs["coffea_correct"] = cf["correct"]
+            pairs["coffea_near_fraction"] = fmt(cf["near_fraction"])
     try:
         plot(runs, args, args.png)
         print(f"figure: {args.png}")
