@@ -10,7 +10,10 @@
 # - Versions are tried newest first (sid 7.15.x, then trixie 7.14.x).
 # - Only what datavine needs is built: dttools, batch_job (vine_factory), taskvine,
 #   resource_monitor and poncho; chirp, parrot, makeflow and friends are skipped.
-# - Idempotent: a prefix whose stamp matches (version, checksum, python) is reused.
+# - Patches: scripts/patches/cctools/*.patch are applied in name order (patch -p1); each
+#   says at its top why (what was measured) and is small enough to offer upstream.
+# - Idempotent: a prefix whose stamp matches (version, checksum, python, bindings, and a
+#   hash of the patch series) is reused; changing, adding or removing a patch rebuilds.
 # - A .pth file makes `ndcctools.taskvine` importable from the python's environment.
 # - The Python bindings are generated with `swig -threads`: every TaskVine call, above all
 #   `Manager.wait`, releases the GIL, so the client's other threads (datavine's watchdog,
@@ -44,6 +47,17 @@ PYBASE=$("$PYTHON" -c 'import sys; print(sys.base_prefix)')
 PURELIB=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 STAMP="$PREFIX/.datavine-build"
 BINDINGS="bindings=swig-threads"  # in the stamp: older builds held the GIL in every call
+PATCH_DIR="$ROOT/scripts/patches/cctools"
+
+patch_series() {  # "patches=<sha256 of the series>": names and contents, in the order applied
+  local p
+  for p in "$PATCH_DIR"/*.patch; do
+    [ -f "$p" ] || continue
+    printf '%s\n' "$(basename "$p")"
+    cat "$p"
+  done | sha256sum | awk '{print "patches=" $1}'
+}
+PATCHES=$(patch_series)
 
 link_python() {
   local site="$PREFIX/lib/python$PYVER/site-packages"
@@ -65,7 +79,7 @@ release_gil() {  # in the unpacked source: SWIG wraps every call in Py_BEGIN_ALL
 }
 
 if [ -f "$STAMP" ] && grep -q "python=$PYBASE" "$STAMP" && grep -qx "$BINDINGS" "$STAMP" \
-    && [ -x "$PREFIX/bin/vine_worker" ]; then
+    && grep -qx "$PATCHES" "$STAMP" && [ -x "$PREFIX/bin/vine_worker" ]; then
   log "reusing $PREFIX ($(head -1 "$STAMP"))"
   link_python
   exit 0
@@ -131,7 +145,7 @@ SRC="$ROOT/build/src"
 rm -rf "$SRC" && mkdir -p "$SRC"
 tar -C "$SRC" -xf "$tarball"
 cd "$SRC/cctools-$version"
-for p in "$ROOT"/scripts/patches/cctools/*.patch; do
+for p in "$PATCH_DIR"/*.patch; do
   [ -f "$p" ] || continue
   log "applying $(basename "$p")"
   patch -p1 --silent < "$p" || die "patch $(basename "$p") does not apply to cctools $version"
@@ -146,7 +160,8 @@ log "building (log: build/make.log)"
 make -j"$(nproc)" >"$ROOT/build/make.log" 2>&1 || die "make failed (see build/make.log)"
 rm -rf "$PREFIX"
 make install >>"$ROOT/build/make.log" 2>&1 || die "make install failed (see build/make.log)"
-printf 'cctools %s sha256=%s\npython=%s\n%s\n' "$version" "$sha" "$PYBASE" "$BINDINGS" > "$STAMP"
+printf 'cctools %s sha256=%s\npython=%s\n%s\n%s\n' "$version" "$sha" "$PYBASE" "$BINDINGS" \
+  "$PATCHES" > "$STAMP"
 rm -rf "$SRC"
 link_python
 log "installed cctools $version into $PREFIX"

@@ -7,6 +7,8 @@ last 4 are used by the failover tests, which read through other shards or the or
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -239,3 +241,50 @@ def test_cli_starts_and_stops_on_sigterm(xcache_tools, xcache_data) -> None:
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
             f"/proc/{pid}/status").read_text().lower()
+
+
+def _other_address() -> str | None:
+    """An IPv4 address of this host that is not loopback, or None."""
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                         timeout=10, check=False).stdout
+    found = [a for a in re.findall(r"\binet (\d+\.\d+\.\d+\.\d+)/", out)
+             if not a.startswith("127.")]
+    return found[0] if found else None
+
+
+def _query(host: str, port: int) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XRD_CONNECTIONRETRY": "1", "XRD_CONNECTIONWINDOW": "3",
+           "XRD_REQUESTTIMEOUT": "5"}
+    return subprocess.run(["xrdfs", f"{host}:{port}", "query", "config", "version"], env=env,
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) is missing")
+def test_unmonitored_testbed_opens_no_udp_and_serves_loopback_only(xcache_tools,
+                                                                   xcache_data) -> None:
+    """``monitor=False`` (what ``datavine run`` starts): no summary reports, so no UDP socket;
+    the TCP port is open on every interface (XRootD binds no single address) but a client
+    on this host's other address is turned away by ``xrd.allow host localhost``."""
+    from datavine.io.xcache.testbed import TestbedError, XCacheTestbed
+
+    with XCacheTestbed(xcache_data, n_shards=1, monitor=False) as tb:
+        servers = [tb.origin, *tb.shards]
+        for server in servers:
+            assert _query("127.0.0.1", server.port).returncode == 0
+        other = _other_address()
+        if other is not None:
+            for server in servers:
+                assert _query(other, server.port).returncode != 0
+            log = tb.origin.log.read_text(errors="replace")
+            # turned away by xrd.allow, not unreachable
+            assert re.search(r"Unable to accept TCP connection from \[?(::ffff:)?"
+                             + re.escape(other), log), log[-2000:]
+        # a monitored server opens its UDP socket with its first report (every second)
+        time.sleep(2)
+        pids = {str(s.pid) for s in servers}
+        udp = subprocess.run(["ss", "-lunpH"], capture_output=True, text=True, timeout=10,
+                             check=True).stdout
+        assert not [line for line in udp.splitlines()
+                    if set(re.findall(r"pid=(\d+)", line)) & pids], udp
+        with pytest.raises(TestbedError, match="monitor"):
+            tb.cache_stats()

@@ -19,8 +19,12 @@ from datavine.scheduler.placement import PlacementPolicy
 
 if TYPE_CHECKING:
     from datavine.io.shards import ShardMap
+    from datavine.scheduler.racks import RackMap
 
-__all__ = ["ConfigError", "LocalWorkersConfig", "ManagerConfig", "RunConfig"]
+__all__ = ["ANY_HOST", "ConfigError", "LocalWorkersConfig", "ManagerConfig", "RunConfig"]
+
+ANY_HOST = "0.0.0.0"  # ManagerConfig.listen_host for every interface
+ANY_HOSTS = frozenset({ANY_HOST, "::", "*"})
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,14 @@ class ManagerConfig:
 
     Attributes:
         port: TCP port; 0 picks a free one.
+        listen_host: the local address the manager listens on (an IP address or a host
+            name, resolved when the manager starts); :data:`ANY_HOST` (``"0.0.0.0"``),
+            ``"::"`` or ``"*"`` listen on every interface. The default, loopback, is for a
+            manager whose workers run on this host (``LocalCluster``, a local pool); a
+            manager that workers on other hosts reach listens on the address they reach it
+            by (a facility file's ``[manager] listen_host``, by default its ``host``).
+            Needs datavine's TaskVine build (``VINE_LISTEN_ADDRESS``, see
+            ``scripts/patches/cctools``); other builds listen on every interface.
         password_file: TaskVine password file; workers without it are rejected. ``None``
             makes :class:`~datavine.manager.cluster.Cluster` create one in its run directory.
         ssl_key, ssl_cert: PEM files; when both are set, workers must connect with ``--ssl``.
@@ -43,6 +55,7 @@ class ManagerConfig:
     """
 
     port: int = 0
+    listen_host: str = "127.0.0.1"
     password_file: Path | None = None
     ssl_key: Path | None = None
     ssl_cert: Path | None = None
@@ -53,11 +66,19 @@ class ManagerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ConfigError(f"ManagerConfig.port={self.port} is not a TCP port")
+        if not self.listen_host or any(c.isspace() for c in self.listen_host):
+            raise ConfigError(f"ManagerConfig.listen_host is not a host or address: "
+                              f"{self.listen_host!r}")
         if self.worker_timeout_s < 3:
             raise ConfigError(f"ManagerConfig.worker_timeout_s must be >= 3, got "
                               f"{self.worker_timeout_s}")
         if (self.ssl_key is None) != (self.ssl_cert is None):
             raise ConfigError("ManagerConfig.ssl_key and ssl_cert must be given together")
+
+    @property
+    def listens_everywhere(self) -> bool:
+        """Whether ``listen_host`` means every interface."""
+        return self.listen_host in ANY_HOSTS
 
     @property
     def ssl(self) -> tuple[str, str] | None:
@@ -91,6 +112,9 @@ class RunConfig:
             nothing (locality-blind).
         shardmap: the XCache shards (:class:`~datavine.io.shards.ShardMap`): which rack holds
             each file, and where :func:`datavine.io.reading.open_input` reads it from.
+        racks: which rack each host sits in (:class:`~datavine.scheduler.racks.RackMap`, the
+            facility file's ``[racks]``), for workers that do not say their rack themselves
+            (a ``rack:`` feature).
         preload: modules the worker library imports once, before forking the child that
             runs capped bundles
             (the modules of the graph's functions are added automatically).
@@ -108,6 +132,15 @@ class RunConfig:
             value through the manager (for comparison).
         inline_max_bytes: a kept value of at most this size also comes back inline, where
             that is cheaper than a file.
+        library_start_timeout_s: a worker whose library has not started this long after
+            TaskVine sent it (its files come from a peer it cannot reach: TCP gives up
+            after ~130 s) is dropped for the network: its calls go to other workers, its
+            host is blocked until its library starts or ends, peer transfers go off, and
+            the run summary says so (:mod:`datavine.scheduler.network`). A library starts
+            in 1-3 s; unpacking a large packed environment takes longer.
+        library_from_peers: let workers fetch the library's own files (a few KB) from
+            each other, TaskVine's default; by default the manager sends them to each
+            worker, so that a worker that cannot reach its peers still starts it.
     """
 
     max_retries: int = 3
@@ -121,6 +154,7 @@ class RunConfig:
     memory: MemoryPolicy | None = field(default_factory=MemoryPolicy)
     placement: PlacementPolicy | None = field(default_factory=PlacementPolicy)
     shardmap: ShardMap | None = None
+    racks: RackMap | None = None
     preload: tuple[str, ...] = ()
     pickle_by_value: tuple[str, ...] = ()
     max_library_failures: int = 3
@@ -128,6 +162,8 @@ class RunConfig:
     task_time_limit_s: float | None = None
     keep_on_workers: bool = True
     inline_max_bytes: int = 64 * 1024
+    library_start_timeout_s: float = 30.0
+    library_from_peers: bool = False
 
     def time_limit(self, category: str) -> float | None:
         """The time limit of a task of ``category``, or None."""
@@ -139,7 +175,7 @@ class RunConfig:
                 raise ConfigError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.wait_s < 1:
             raise ConfigError(f"RunConfig.wait_s must be >= 1 (whole seconds), got {self.wait_s}")
-        for name in ("no_worker_timeout_s", "target_bundle_s"):
+        for name in ("no_worker_timeout_s", "target_bundle_s", "library_start_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"RunConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_retries < 0:

@@ -83,6 +83,10 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
                        help="with --pool-workers: give up after S seconds (default 120)")
     where.add_argument("--port", type=cli_types.port, default=0, metavar="P",
                        help="the manager's port (default: any free port)")
+    where.add_argument("--listen-host", default="127.0.0.1", metavar="HOST",
+                       help="the address the manager listens on (default 127.0.0.1: workers "
+                       "on this host only; a pool's workers on other hosts need the address "
+                       "they reach it by, or 0.0.0.0 for every interface)")
     where.add_argument("--password", type=Path, default=None, metavar="FILE",
                        help="the manager's password file (default: a new one for this run)")
     where.add_argument("--facility", type=Path, metavar="FILE",
@@ -273,7 +277,9 @@ def open_inputs(stack: contextlib.ExitStack, args: argparse.Namespace, files: li
     user = "xrootd" if os.geteuid() == 0 else None
     folder, served = stack.enter_context(readable_folder(args.data, files, user))
     racks = [RACKS[i % len(RACKS)] for i in range(args.shards)]
-    testbed = stack.enter_context(XCacheTestbed(folder, n_shards=args.shards, racks=racks))
+    # no summary reports (monitor): nothing here reads them, and each would open a UDP socket
+    testbed = stack.enter_context(XCacheTestbed(folder, n_shards=args.shards, racks=racks,
+                                                monitor=False))
     shardmap = testbed.shard_map()
     print(f"xcache: origin {testbed.origin_url}, {args.shards} shard(s): " + ", ".join(
         f"{s.name} {s.url} rack {s.rack}" for s in shardmap.shards))
@@ -326,14 +332,15 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
     if args.task_time_limit is not None:
         run = run.replace(task_time_limit_s=args.task_time_limit)
     if facility is not None:
-        if args.port or args.password is not None:
-            raise RunError(f"--port and --password do not go with --facility: set them in "
-                           f"the [manager] section of {facility.path}")
+        if args.port or args.password is not None or args.listen_host != "127.0.0.1":
+            raise RunError(f"--port, --password and --listen-host do not go with --facility: "
+                           f"set them in the [manager] section of {facility.path}")
         manager = facility.manager
     else:
         if args.password is not None and not args.password.is_file():
             raise RunError(f"--password {args.password}: no such file")
         manager = ManagerConfig(port=args.port, password_file=args.password,
+                                listen_host=args.listen_host,
                                 run_dir=launch.run_directory(stack))
     chosen = launch.choose_cluster(run, manager, workers=args.workers,
                                    pool_workers=args.pool_workers, facility=facility,

@@ -1,5 +1,9 @@
 """Local ``vine_worker`` processes on 127.0.0.1: the embedded default worker pool.
 
+They connect to the manager on loopback (or on the one address it listens on) and their
+transfer servers, which serve cached files to peers, listen on that same address only
+(``--transfer-address``, datavine's TaskVine build), not on every interface.
+
 Each worker leads a session of its own, and everything it forks stays in that session
 (:mod:`datavine.deploy.sessions`): its libraries, which it puts in process groups of their own, and
 its ``[transfer server]``, which outlives a SIGKILLed worker and would keep the manager's
@@ -14,6 +18,7 @@ in the same environment as the caller.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -30,16 +35,23 @@ from datavine.io.xcache.reader import XRD_CLIENT_ENV
 from datavine.scheduler.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_of, worker_feature
 
 STOP_GRACE_S = 5.0
+LOOPBACK = "127.0.0.1"
 WATCH_S = 0.25  # how often the watch thread looks for workers that exited
 
 
 def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
-                   password_file: Path | None, ssl: bool, host: str = "127.0.0.1",
-                   labels: tuple[str, ...] = ()) -> list[str]:
+                   password_file: Path | None, ssl: bool, host: str = LOOPBACK,
+                   labels: tuple[str, ...] = (), transfer_address: str | None = None,
+                   binary: str | None = None) -> list[str]:
     """The ``vine_worker`` command line for one local worker (pure); ``labels`` are the
-    worker's own features (its name and rack) on top of ``cfg.features``."""
-    cmd = [str(vine_binary("vine_worker")), host, str(port), "--cores", str(cfg.cores),
+    worker's own features (its name and rack) on top of ``cfg.features``;
+    ``transfer_address``: the only address its transfer server listens on (``None``: every
+    interface)."""
+    binary = binary or str(vine_binary("vine_worker"))
+    cmd = [binary, host, str(port), "--cores", str(cfg.cores),
            "--workspace", str(workdir), "--timeout", str(cfg.idle_timeout_s)]
+    if transfer_address is not None:
+        cmd += ["--transfer-address", transfer_address]
     if cfg.memory_mb:
         cmd += ["--memory", str(cfg.memory_mb)]
     if cfg.disk_mb:
@@ -51,6 +63,18 @@ def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
     for feature in dict.fromkeys((*cfg.features, *labels)):
         cmd += ["--feature", feature]
     return cmd
+
+
+@functools.cache
+def supports_transfer_address(binary: str) -> bool:
+    """Whether this ``vine_worker`` has ``--transfer-address`` (datavine's TaskVine build;
+    scripts/patches/cctools): another build would refuse the option and not start."""
+    try:
+        done = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=10,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--transfer-address" in done.stdout + done.stderr
 
 
 def default_workers() -> int:
@@ -85,12 +109,21 @@ def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class LocalWorkers:
-    """Start, watch and stop local workers connected to a manager on this host."""
+    """Start, watch and stop local workers connected to a manager on this host.
+
+    ``host``: the address they reach the manager by; ``transfer_address``: the only one
+    their transfer servers listen on. Both are loopback by default; ``LocalCluster`` passes
+    the manager's own listening address when it has one that workers on other hosts reach
+    (so that those can fetch from these), and ``transfer_address=None`` (every interface)
+    when the manager listens everywhere."""
 
     def __init__(self, cfg: LocalWorkersConfig, port: int, run_dir: Path, *,
-                 password_file: Path | None, ssl: bool = False) -> None:
+                 password_file: Path | None, ssl: bool = False, host: str = LOOPBACK,
+                 transfer_address: str | None = LOOPBACK) -> None:
         self.cfg = cfg
         self.port = port
+        self.host = host
+        self.transfer_address = transfer_address
         self.run_dir = Path(run_dir)
         self.password_file = password_file
         self.ssl = ssl
@@ -108,8 +141,13 @@ class LocalWorkers:
             workdir.mkdir(parents=True, exist_ok=True)
             log = open(self.run_dir / f"worker-{index}.log", "ab")  # noqa: SIM115
             features, labels_env = worker_labels(index, cfg)
+            binary = str(vine_binary("vine_worker"))
+            transfer = (self.transfer_address
+                        if self.transfer_address and supports_transfer_address(binary)
+                        else None)
             cmd = worker_command(cfg, self.port, workdir, password_file=self.password_file,
-                                 ssl=self.ssl, labels=features)
+                                 ssl=self.ssl, host=self.host, labels=features,
+                                 transfer_address=transfer, binary=binary)
             self.procs.append(subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=worker_environment({**cfg.extra_env, **labels_env}),

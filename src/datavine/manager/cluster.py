@@ -157,7 +157,8 @@ class LocalCluster(Cluster):
     def _start_workers(self) -> None:
         self.workers = LocalWorkers(
             self.workers_config, self.port, Path(self.manager_config.run_dir) / "workers",
-            password_file=self.password_file, ssl=self.manager_config.ssl is not None)
+            password_file=self.password_file, ssl=self.manager_config.ssl is not None,
+            host=self._rt.contact_host, transfer_address=self._rt.listen_address)
         self.workers.start()
         cfg = self.workers_config
         for i in range(cfg.workers):

@@ -288,6 +288,7 @@ def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap
             memory_mb=config.memory_mb, connect_timeout_s=config.connect_timeout_s)
     else:  # workers from a pool started elsewhere, or HTCondor's started below
         manager = ManagerConfig(port=config.port, run_dir=run_dir,
+                                listen_host=config.manager_host,  # where workers reach it
                                 password_file=(config.password_file
                                                if config.pool == "external" else None))
         cluster = launch.choose_cluster(

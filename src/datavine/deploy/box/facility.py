@@ -78,7 +78,7 @@ def facility_text(plan: BoxPlan, *, password_file: Path, export_root: Path | Non
         f"# datavine facility file for the box {plan.spec.name!r} (made by datavine box up)",
         "[manager]",
         f'host = "{mgr.fqdn}"',
-        f'listen = "{mgr.address}"',
+        f'listen_host = "{mgr.address}"',
         f"port = {port}",
         f'password_file = "{password_file}"',
         f'run_dir = "{run_dir}"',

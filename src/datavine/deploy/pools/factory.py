@@ -9,7 +9,9 @@ Defaults that differ from vine_factory's own, on purpose:
 
 - ``min_workers=0`` (vine_factory: 5): no worker is kept without work unless asked;
 - ``catalog`` is a loopback address: the factory reports to its catalog every minute and
-  hands the address to every worker, and the default is a public server at Notre Dame;
+  hands the address to every worker, and the default is a public server at Notre Dame; a
+  site with its own ``catalog_server`` names it (``host:port``, a facility file's
+  ``[manager] catalog``);
 - ``idle_timeout_s`` is always passed: vine_factory never removes an idle worker itself,
   workers leave through their own idle timeout, which is how a pool scales down.
 """
@@ -42,8 +44,12 @@ class FactoryConfig:
         manager_host, manager_port: the TaskVine manager (direct, no catalog lookup).
         password_file: the manager's password; workers without it are rejected.
         ssl: workers connect with TLS.
-        catalog: where the factory reports and workers look up managers; loopback by
-            default so that nothing leaves the site.
+        catalog: where the factory reports and workers look up managers (``host:port``);
+            loopback by default so that nothing leaves the site.
+        transfer_address: the only address the workers' transfer servers listen on
+            (``--transfer-address``, datavine's TaskVine build); for workers on this host
+            (``batch="local"``) of a manager on loopback. ``None``: every interface, as
+            workers on other hosts need.
 
     How many:
         workers: most workers at once (``--max-workers``).
@@ -84,6 +90,7 @@ class FactoryConfig:
     factory_period_s: int = 5
     workers_per_cycle: int | None = None
     catalog: str = NO_CATALOG
+    transfer_address: str | None = None
     extra_condor_submit: tuple[str, ...] = ()
     scratch_dir: Path | None = None
     debug_workers: bool = False
@@ -96,6 +103,11 @@ class FactoryConfig:
             raise ConfigError(f"FactoryConfig.manager_host is not a host: {self.manager_host!r}")
         if not 0 < self.manager_port < 65536:
             raise ConfigError(f"FactoryConfig.manager_port={self.manager_port} is not a TCP port")
+        if not is_host_port(self.catalog):
+            raise ConfigError(f"FactoryConfig.catalog must be host:port, got {self.catalog!r}")
+        if self.transfer_address is not None and not _SAFE_WORD.match(self.transfer_address):
+            raise ConfigError(f"FactoryConfig.transfer_address is not an address: "
+                              f"{self.transfer_address!r}")
         if self.workers < 1:
             raise ConfigError(f"FactoryConfig.workers must be >= 1, got {self.workers}")
         if not 0 <= self.min_workers <= self.workers:
@@ -119,6 +131,13 @@ class FactoryConfig:
             raise ConfigError("FactoryConfig.extra_condor_submit needs batch='condor'")
 
     @property
+    def worker_options(self) -> str | None:
+        """Options vine_factory adds to every worker's command line (``--extra-options``)."""
+        if self.transfer_address is None:
+            return None
+        return f"--transfer-address {self.transfer_address}"
+
+    @property
     def all_features(self) -> tuple[str, ...]:
         """``features`` plus the rack feature, in order, without repeats."""
         extra = (rack_feature(self.rack),) if self.rack else ()
@@ -127,6 +146,16 @@ class FactoryConfig:
     @property
     def manager(self) -> str:
         return f"{self.manager_host}:{self.manager_port}"
+
+
+def is_host_port(text: str) -> bool:
+    """Whether ``text`` is ``host:port`` (a name or IPv4 address, or ``[IPv6]``) (pure)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return bool(host) and _SAFE_WORD.match(host) is not None
 
 
 def factory_json(cfg: FactoryConfig) -> dict[str, Any]:
@@ -185,6 +214,8 @@ def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
     if cfg.extra_condor_submit:
         # vine_factory expands the two characters backslash-n into a newline (-B).
         cmd += ["--batch-options", "\\n".join(cfg.extra_condor_submit)]
+    if cfg.worker_options is not None:
+        cmd += ["--extra-options", cfg.worker_options]
     if cfg.debug_workers:
         cmd.append("--debug-workers")
     if cfg.named and wrapper is not None:

@@ -4,7 +4,10 @@ Pure string building, so the generated files are tested without starting anythin
 directives follow what was measured on XRootD 5.5.3 (shared/FINDINGS.md, XCache section):
 
 - every server accepts only local clients by default (``xrd.allow host localhost``; a
-  facility or the box passes its own host patterns);
+  facility or the box passes its own host patterns). ``xrd.allow`` is the only restriction
+  there is: XRootD binds its port on every interface and has no directive for one address
+  (``XrdNet::Bind`` always binds the wildcard; ``xrd.network`` sets keep-alives,
+  buffers, name lookups and routes, ``-I v4|v6`` the address family: none binds one);
 - the origin exports its data read-only and traces opens and reads to its log, and every
   server sends summary statistics (``xrd.report ... sync``) as XML over UDP to a listener of
   the testbed: ``sync`` makes the byte counters of still-open connections current, which
@@ -64,7 +67,8 @@ def _common(port: int, paths: ServerPaths, report_port: int | None, report_every
         f"all.pidpath {paths.admin}",
     ]
     if report_port is not None:
-        lines.append(f"xrd.report {report_host}:{report_port} every {report_every_s}s all sync")
+        host = f"[{report_host}]" if ":" in report_host else report_host
+        lines.append(f"xrd.report {host}:{report_port} every {report_every_s}s all sync")
     if http_port is not None:
         lines.append(f"xrd.protocol XrdHttp:{http_port} libXrdHttp.so")
     return lines

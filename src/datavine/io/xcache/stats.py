@@ -140,11 +140,14 @@ def parse_origin_log(text: str) -> tuple[Counter[str], Counter[str]]:
 
 
 class SummaryListener:
-    """Receives ``xrd.report`` packets on a UDP port of 127.0.0.1; keeps the latest per server."""
+    """Receives ``xrd.report`` packets on a UDP port of ``host`` (a local address; loopback
+    by default, never every interface); keeps the latest per server."""
 
-    def __init__(self) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.bind(("127.0.0.1", 0))
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_DGRAM)
+        self._sock.bind((host, 0))
+        self.host = host
         self._sock.settimeout(0.2)
         self.port: int = self._sock.getsockname()[1]
         self._latest: dict[str, ServerSummary] = {}

@@ -12,6 +12,16 @@ a root caller starts the servers with ``-R xrootd`` on folders owned by that use
 
 Command line: ``python -m datavine.io.xcache.testbed --data DIR --shards 4 --racks A,A,B,B``
 starts it, prints the URLs and stops it on Ctrl-C or SIGTERM.
+
+What is open: XRootD (5.5, and its master of 2026) binds every listening socket to the
+wildcard address (``XrdNet::Bind`` passes no host to ``XrdNetSocket::Open``) and has no
+directive that binds one address, so each server's port is open on every interface and
+``xrd.allow`` is what keeps other hosts out: a connection from a host that matches no
+``allow_hosts`` pattern is closed at once (default ``localhost``: loopback clients only).
+With ``monitor`` (the default), each server also has a send-only UDP socket for its
+summary reports (``xrd.report``), which the kernel binds to the wildcard address when it
+first sends; ``monitor=False`` sends none (no UDP sockets; :meth:`cache_stats` is then
+unavailable). Reports go to ``report_host``, where :class:`SummaryListener` listens.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from datavine.io.xcache.stats import (
 )
 from datavine.io.xcache.unix import check_reachable, free_ports, log_tail, terminate
 
+LOOPBACK = "127.0.0.1"
 # The readiness probe must fail fast while a server is still starting (see reader.py).
 _PROBE_ENV = {"XRD_CONNECTIONRETRY": "1", "XRD_CONNECTIONWINDOW": "2", "XRD_REQUESTTIMEOUT": "5"}
 
@@ -111,7 +122,9 @@ class XCacheTestbed:
                  racks: Sequence[str | None] | None = None,
                  workdir: str | os.PathLike[str] | None = None, blocksize: str = "128k", *,
                  http: bool = False, prefetch: int = 0,
-                 ram: str = "1g", user: str = "xrootd", start_timeout_s: float = 30.0) -> None:
+                 ram: str = "1g", user: str = "xrootd", start_timeout_s: float = 30.0,
+                 allow_hosts: Sequence[str] = ("localhost",), report_host: str = LOOPBACK,
+                 monitor: bool = True) -> None:
         if n_shards < 1:
             raise ValueError("n_shards must be >= 1")
         racks = list(racks) if racks is not None else [None] * n_shards
@@ -123,6 +136,11 @@ class XCacheTestbed:
         self.workdir: Path | None = None
         self.blocksize, self.http, self.prefetch, self.ram = blocksize, http, prefetch, ram
         self.start_timeout_s = start_timeout_s
+        if not allow_hosts:
+            raise ValueError("allow_hosts: at least one host pattern (none would let anyone in)")
+        self.allow_hosts = tuple(allow_hosts)  # xrd.allow host patterns, e.g. *.box
+        self.report_host = report_host  # where summary reports go (a local address)
+        self.monitor = monitor
         self._user = user if os.geteuid() == 0 else None
         self._listener: SummaryListener | None = None
         self._keep_workdir = False
@@ -145,7 +163,7 @@ class XCacheTestbed:
         if self._user is not None:
             check_reachable(self.workdir, self._user, need_read=False)
         try:
-            self._listener = SummaryListener()
+            self._listener = SummaryListener(self.report_host) if self.monitor else None
             n = len(self._racks)
             ports = free_ports((n + 1) * (2 if self.http else 1))
             http_ports = ports[n + 1:] if self.http else [None] * (n + 1)
@@ -217,8 +235,11 @@ class XCacheTestbed:
 
         With ``fresh``, waits for summary reports sent after this call (about a second).
         """
-        if self.origin is None or self._listener is None:
+        if self.origin is None:
             raise TestbedError("testbed not started")
+        if self._listener is None:
+            raise TestbedError("cache statistics need the summary reports: start the "
+                               "testbed with monitor=True")
         names = ["origin", *(s.name for s in self.shards if s.pid is not None)]
         summaries = self._listener.latest(names, fresh=fresh)
         opens, reads = parse_origin_log(self.origin.log.read_text(errors="replace"))
@@ -236,14 +257,15 @@ class XCacheTestbed:
         for d in (paths.root, paths.admin, *([paths.cache] if server.index >= 0 else [])):
             d.mkdir(parents=True, exist_ok=True)
         report = self._listener.port if self._listener else None
+        access = {"allow_hosts": self.allow_hosts, "report_host": self.report_host}
         if server.index < 0:
             text = origin_config(self.data_dir, server.port, paths, report_port=report,
-                                 http_port=server.http_port)
+                                 http_port=server.http_port, **access)
         else:
             assert self.origin is not None
             text = shard_config(self.origin.port, server.port, paths, blocksize=self.blocksize,
                                 ram=self.ram, prefetch=self.prefetch, report_port=report,
-                                http_port=server.http_port)
+                                http_port=server.http_port, **access)
         paths.config.write_text(text)
         if self._user is not None:
             pw = pwd.getpwnam(self._user)

@@ -1,0 +1,173 @@
+"""datavine's TaskVine patches (scripts/patches/cctools), on real managers and workers.
+
+- ``0001``: a worker's features (``--feature rack:X``) appear in ``Manager.status("workers")``
+  as soon as it connects, from the worker itself: no shared file tells the manager.
+- ``0002``: the manager listens on one address (``VINE_LISTEN_ADDRESS``, set by
+  :class:`~datavine.config.ManagerConfig`'s ``listen_host``) and a worker's transfer server
+  on one address (``--transfer-address``); the embedded default keeps both on loopback, so
+  neither answers on another address of this host. Checked with ``ss -ltnp`` (who listens
+  where) and by connecting to this host's non-loopback address where it has one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+import datavine
+from datavine.config import ManagerConfig
+from datavine.deploy.binaries import vine_binary
+from datavine.deploy.sessions import stop_session
+from datavine.manager.runtime import Runtime
+
+pytestmark = [pytest.mark.taskvine,
+              pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) is missing")]
+WILDCARDS = {"0.0.0.0", "*", "[::]", "::"}
+T = TypeVar("T")
+
+
+def tcp_listeners() -> list[tuple[str, int, set[int]]]:
+    """(local address, port, owning PIDs) of every listening TCP socket, from ``ss``."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=10,
+                         check=True).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        host, _, port = fields[3].rpartition(":")
+        found.append((host, int(port), {int(p) for p in re.findall(r"pid=(\d+)", line)}))
+    return found
+
+
+def hosts_on(port: int) -> set[str]:
+    return {host for host, p, _ in tcp_listeners() if p == port}
+
+
+def ports_of(pid: int) -> dict[int, set[str]]:
+    """The ports process ``pid`` listens on, with their addresses."""
+    out: dict[int, set[str]] = {}
+    for host, port, pids in tcp_listeners():
+        if pid in pids:
+            out.setdefault(port, set()).add(host)
+    return out
+
+
+def other_address() -> str | None:
+    """An IPv4 address of this host that is not loopback, or None."""
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True,
+                             text=True, timeout=10, check=False).stdout
+    except OSError:
+        return None
+    for match in re.finditer(r"\binet (\d+\.\d+\.\d+\.\d+)/", out):
+        if not match.group(1).startswith("127."):
+            return match.group(1)
+    return None
+
+
+def refused(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return False
+    except ConnectionRefusedError:
+        return True
+
+
+def until(what: Callable[[], T], timeout_s: float = 20.0, every_s: float = 0.1) -> T:
+    """``what()`` once it is true, or its last value after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = what()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every_s)
+
+
+def test_worker_features_reach_the_manager_from_the_worker(tmp_path: Path) -> None:
+    """A vine_worker started by hand with its rack: the manager's status names it at once."""
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager"))
+    worker = subprocess.Popen(
+        [str(vine_binary("vine_worker")), "127.0.0.1", str(rt.port), "--feature", "rack:X",
+         "--feature", "worker:by-hand", "--workspace", str(tmp_path / "w"), "--timeout", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def workers() -> list[dict]:
+            rt.manager.wait(1)  # accepts the worker and reads what it says
+            return [w for w in rt.manager.status("workers") if w.get("features")]
+
+        found = until(workers, timeout_s=30)
+        assert found, f"no worker with features in {rt.manager.status('workers')}"
+        (w,) = found
+        assert {"rack:X", "worker:by-hand"} <= set(w["features"])
+        # the worker's own name (uname -n, as its resolver completes it)
+        assert w["hostname"].split(".")[0] == os.uname().nodename.split(".")[0]
+    finally:
+        stop_session(worker.pid)
+        worker.wait(timeout=10)
+        rt.close()
+
+
+def test_embedded_default_listens_on_loopback_only(tmp_path: Path) -> None:
+    """LocalCluster: the manager and its worker's transfer server on 127.0.0.1 only."""
+    manager = ManagerConfig(run_dir=tmp_path / "manager")
+    with datavine.LocalCluster(workers=1, cores=1, racks=("X",), manager=manager,
+                               warm_up=False) as cluster:
+        port = cluster.port
+        assert hosts_on(port) == {"127.0.0.1"}
+        assert cluster.workers is not None
+        worker_pid = cluster.workers.procs[0].pid
+        transfer = until(lambda: ports_of(worker_pid))
+        assert transfer, "the worker's transfer server is not listening"
+        assert set().union(*transfer.values()) == {"127.0.0.1"}, transfer
+        other = other_address()
+        if other is not None:  # nothing answers on this host's other address
+            assert refused(other, port)
+            for tport in transfer:
+                assert refused(other, tport)
+        assert not refused("127.0.0.1", port)
+        (w,) = cluster.runtime.manager.status("workers")
+        assert {"rack:X", "worker:local-0"} <= set(w["features"])
+
+
+def test_listen_host_moves_the_manager(tmp_path: Path) -> None:
+    """``listen_host`` decides: every interface, or this host's other address only."""
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "everywhere", listen_host="0.0.0.0"))
+    try:
+        assert rt.listen_address is None and rt.contact_host == "127.0.0.1"
+        assert hosts_on(rt.port) <= WILDCARDS and hosts_on(rt.port)
+    finally:
+        rt.close()
+    other = other_address()
+    if other is None:
+        pytest.skip("this host has no address but loopback")
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "other", listen_host=other))
+    try:
+        assert hosts_on(rt.port) == {other} and rt.contact_host == other
+        assert refused("127.0.0.1", rt.port) and not refused(other, rt.port)
+    finally:
+        rt.close()
+
+
+def test_local_workers_follow_a_manager_on_another_address(tmp_path: Path) -> None:
+    """A manager on this host's other address: local workers connect there, and their
+    transfer servers listen there, where peers on other hosts would reach them."""
+    other = other_address()
+    if other is None:
+        pytest.skip("this host has no address but loopback")
+    manager = ManagerConfig(run_dir=tmp_path / "manager", listen_host=other)
+    with datavine.LocalCluster(workers=1, cores=1, manager=manager, warm_up=False) as cluster:
+        assert cluster.workers is not None
+        transfer = until(lambda: ports_of(cluster.workers.procs[0].pid))
+        assert transfer and set().union(*transfer.values()) == {other}, transfer
+        (w,) = cluster.runtime.manager.status("workers")
+        assert w["addrport"].startswith(f"{other}:")
