@@ -10,7 +10,9 @@
 #   DATAVINE_CONDOR_ROOT   the chroot            (default: <project>/build/condor-root)
 #   DATAVINE_POOL_DIR      pools' state/scratch  (default: <project>/build/pools)
 #   DATAVINE_POOL_USER     the non-root user that submits and runs jobs (default: vinepool)
-#   DATAVINE_CONDOR_BINDS  extra host folders to bind, colon-separated
+#   DATAVINE_CONDOR_BINDS  extra host folders to bind read-only, colon-separated
+#   DATAVINE_CONDOR_RW_BINDS  host folders to bind read-write, colon-separated (a box's
+#                          folder: its HTCondor daemons keep their state there)
 
 PROJECT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CONDOR_DIR="$PROJECT/workers/condor"
@@ -42,6 +44,14 @@ ro_binds() {
   fi
 }
 
+# Host folders bound read-write (same path) besides the pools' folder, one per line.
+rw_binds() {
+  if [ -n "${DATAVINE_CONDOR_RW_BINDS:-}" ]; then
+    tr ':' '\n' <<<"$DATAVINE_CONDOR_RW_BINDS" | sed '/^$/d'
+  fi
+  return 0
+}
+
 # Mount points under the chroot, deepest first (so they can be unmounted in order).
 chroot_mounts() {
   findmnt -rn -o TARGET 2>/dev/null | awk -v r="$CHROOT" 'index($0, r "/") == 1' | sort -r
@@ -53,6 +63,18 @@ chroot_pids() {
   for p in /proc/[0-9]*; do
     root=$(readlink "$p/root" 2>/dev/null) || continue
     [ "$root" = "$CHROOT" ] && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+# Of those, the PIDs in this shell's network namespace: the personal pool's on loopback. The
+# chroot also serves the boxes' HTCondor (datavine.deploy.box.condor), one condor_master per
+# network namespace; the loopback pool's scripts never touch those.
+chroot_pids_here() {
+  local p me
+  me=$(readlink /proc/self/ns/net)
+  for p in $(chroot_pids); do
+    [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" = "$me" ] && echo "$p"
   done
   return 0
 }

@@ -3,6 +3,7 @@
 # it offers a slot:
 #
 #   bash workers/condor/start_pool.sh          # ~3 s from master start to the first slot
+#   bash workers/condor/start_pool.sh --mounts-only   # step 1 only (a box's HTCondor)
 #
 # 1. mounts inside the chroot: a fresh /proc and /sys; a private /dev (a small tmpfs with
 #    the host's null, zero, full, random, urandom and tty bound in, and its own /dev/shm);
@@ -10,16 +11,26 @@
 #    behind .venv; a read-write bind of the pools' folder (build/pools: factory scratch,
 #    submit files, job logs). Nothing writable of the host's is reachable through the chroot
 #    but build/pools, so even `rm -rf build/` with the pool up cannot reach the host's /dev;
-#    every mount is private, so unmounting cannot propagate to the host;
+#    every mount is private, so unmounting cannot propagate to the host; and a read-write
+#    bind of each folder in DATAVINE_CONDOR_RW_BINDS (a box's folder). `--mounts-only`
+#    stops here: a box (datavine.deploy.box.condor) runs its own condor_master per network
+#    namespace from the same chroot;
 # 2. copies condor_config.local into the chroot and starts condor_master (it daemonizes);
 # 3. waits, at most DATAVINE_CONDOR_START_TIMEOUT seconds (default 60), for a slot in
 #    condor_status, else prints the daemon logs and fails.
-# Idempotent: a running pool is left as it is. Stop it with stop_pool.sh.
+# Idempotent: a running pool is left as it is. Stop it with stop_pool.sh. Only the daemons
+# in this shell's network namespace are this pool's (a box's run in namespaces of their own).
 set -euo pipefail
 # shellcheck source=workers/condor/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_root
 log() { echo "start_pool: $*" >&2; }
+MOUNTS_ONLY=0
+case "${1:-}" in
+  --mounts-only) MOUNTS_ONLY=1 ;;
+  "") ;;
+  *) echo "usage: $(basename "$0") [--mounts-only]" >&2; exit 2 ;;
+esac
 TIMEOUT=${DATAVINE_CONDOR_START_TIMEOUT:-60}
 
 if [ ! -f "$INSTALLED_MARK" ]; then
@@ -30,13 +41,13 @@ slots() { in_chroot condor_status -af Name 2>/dev/null | grep -c . || true; }
 
 master_running() {
   local pid
-  for pid in $(chroot_pids); do
+  for pid in $(chroot_pids_here); do
     [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = condor_master ] && return 0
   done
   return 1
 }
 
-if master_running && [ "$(slots)" -gt 0 ]; then
+if [ "$MOUNTS_ONLY" = 0 ] && master_running && [ "$(slots)" -gt 0 ]; then
   log "already running ($(slots) slot(s)); logs in $CONDOR_LOG_DIR"; exit 0
 fi
 
@@ -71,6 +82,14 @@ while read -r d; do bind_same_path "$d" ro; done < <(ro_binds)
 mkdir -p "$SCRATCH"
 chown "$POOL_USER:$POOL_USER" "$SCRATCH"
 bind_same_path "$POOL_DIR" rw
+while read -r d; do
+  [ -d "$d" ] || { log "DATAVINE_CONDOR_RW_BINDS: $d is not a folder"; exit 1; }
+  bind_same_path "$d" rw
+done < <(rw_binds)
+if [ "$MOUNTS_ONLY" = 1 ]; then
+  log "mounts ready under $CHROOT"
+  exit 0
+fi
 
 # --- configuration and daemons -----------------------------------------------------------------
 install -m 0644 "$CONDOR_DIR/condor_config.local" "$CHROOT/etc/condor/config.d/99-datavine.conf"
