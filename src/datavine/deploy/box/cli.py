@@ -68,8 +68,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise BoxError("datavine box exec HOST -- COMMAND: no command given")
+    from datavine.deploy.box.condor import submit_env
+
     box = _box(args)
-    os.execvp("ip", box.exec_argv(args.host, argv))
+    # the box's HTCondor, if it runs: `datavine pool start --batch condor` on a box host
+    # submits to it
+    os.execvpe("ip", box.exec_argv(args.host, argv), {**os.environ, **submit_env(box)})
     return 0  # not reached
 
 
