@@ -1,5 +1,5 @@
-"""Benchmark: the facility model (datavine.apps.sim) at the 200 Gbps challenge's size, and the
-model checked against a real run on this host.
+"""Benchmark: the facility model (datavine.apps.sim) at the 200 Gbps challenge's size, and its
+prediction of the facility in a box from a loopback calibration.
 
 Part 1, the facility (simulated): 2 racks x 50 workers x 25 cores (2,500 cores), 8 XCache
 nodes (4 per rack, 25/32/40/50 Gbps), one 80 Gbps link between the racks (both directions
@@ -14,34 +14,50 @@ Runs:
 - ``datavine, equal shares``: default placement, every XCache node an equal share of the
   files (the shard map without weights), to show what the weights are for.
 
-Part 2, validation (``--validate``, on by default): the same small configuration simulated
-and run for real. The real run is the AGC-style analysis (one chunk per file, merges of 8)
-on ``datavine.LocalCluster(workers=2, cores=1)`` over 24 generated ZSTD files of 250k
-events; the model gets the per-core event rate measured by a plain loop in this process
-just before, and the per-bundle costs it is calibrated with. Figure: simulated / real
-completion time (goal: within 20%).
+Part 2, the calibration (``--calibrate``): real ``datavine run --json`` runs on loopback
+(the AGC-style analysis over ``--box-files`` generated files of ``--box-events`` events,
+read through the loopback XCache testbed with cold caches), on ``LocalCluster`` workers and
+on a local pool's (:func:`datavine.apps.sim.calibration.calibrate`), reduced to the model's
+inputs (core-seconds per event, bytes read per event, the manager's time per bundle, a
+library's start) and saved as JSON (``--calibration``, where ``benchmarks/box.py`` reads
+it). Without ``--calibrate`` the saved calibration is used.
 
-    .venv/bin/python benchmarks/facility_model.py [--files 60000] [--duplex]
-        [--no-validate | --validate-only] [--png benchmarks/figures/facility_model.png]
+Part 3, the box (predicted from the calibration and the box's description only,
+:func:`datavine.apps.sim.box.predict_box`): ``--racks`` racks of ``--hosts-per-rack`` hosts,
+a 1-core worker per host, an XCache shard per rack, the inter-rack link at ``--link-mbit``,
+the whole box on this machine's cores; datavine's placement and locality-blind placement.
+``benchmarks/box.py`` runs that box and compares (``prediction_ratio_time``,
+``prediction_ratio_bytes``).
 
-Last line: ``gbps_datavine=... gbps_blind=... link_utilisation_blind=...
-link_utilisation_datavine=... ... validation_ratio=...``.
+    .venv/bin/python benchmarks/facility_model.py [--files 60000] [--duplex] [--no-facility]
+        [--calibrate [--calibration-runs 3]] [--calibration runs/benchmarks/calibration.json]
+        [--racks 2 --hosts-per-rack 2 --link-mbit 200 --box-files 16 --box-events 100000]
+        [--png benchmarks/figures/facility_model.png]
+
+Last line: ``gbps_datavine=... gbps_blind=... link_utilisation_blind=... ...
+box_time_datavine_s=... box_time_blind_s=... box_interrack_mb_datavine=...
+box_interrack_mb_blind=...``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import common
 
 from datavine.apps.sim import FacilitySpec, ManagerCost, SimConfig, SimResult, Workload, simulate
+from datavine.apps.sim.box import BoxGeometry, predict_box
+from datavine.apps.sim.calibration import (
+    Calibration,
+    calibrate,
+    load_calibration,
+    save_calibration,
+)
 from datavine.apps.sim.plot import plot_runs
-
-VALIDATE_DIR = common.REPO / "build" / "sim-validate" / "zstd-24x250k"
 
 
 def facility_runs(files: int, duplex: bool) -> list[tuple[str, SimResult, float]]:
@@ -76,67 +92,34 @@ def facility_table(runs: list[tuple[str, SimResult, float]]) -> str:
     return "\n".join(lines)
 
 
-# --- validation --------------------------------------------------------------------------
-def validate(repeat: int) -> dict[str, float]:
-    """Real run vs the model on this host: 24 files x 250k ZSTD events, 2 workers x 1 core."""
-    import dask
+# --- calibration and the box ------------------------------------------------------------
+def calibration_pairs(cal: Calibration) -> dict[str, Any]:
+    return {"cal_core_us_per_event": round(cal.cpu_s_per_event * 1e6, 3),
+            "cal_bytes_per_event": round(cal.bytes_per_event, 1),
+            "cal_manager_ms_per_bundle": round(cal.manager_s_per_bundle * 1e3, 2),
+            "cal_library_start_s": round(cal.library_start_s, 3),
+            "cal_library_wait_s": round(cal.library_wait_s, 3),
+            "cal_first_call_s": round(cal.first_call_s, 3), "cal_runs": cal.runs}
 
-    import datavine
-    from datavine.apps.analysis import agc
-    from datavine.apps.analysis.sources import LocalFiles, analysis_graph
-    from datavine.io.datagen import generate_dataset
 
-    files = [p.resolve() for p in generate_dataset(VALIDATE_DIR, 24, 250_000, "zstd", seed=7)]
-    size = sum(p.stat().st_size for p in files)
-    for p in files:  # page cache, as the model assumes warm reads
-        p.read_bytes()
-    chunks = agc.make_chunks(files, 250_000)
-    agc.run_plain_loop(chunks[:1])  # imports and first calls, outside the clock
-    graph = analysis_graph(LocalFiles(), chunks, fan_in=8)
-    real, sims, rates, sims_in, rates_in = [], [], [], [], []
-    with datavine.LocalCluster(workers=2, cores=1) as cluster:
-        dask.compute(graph, scheduler=cluster.get)  # imports the analysis into the library
-        for _ in range(repeat):
-            # the rate of one core now (the machine is shared: it moves from run to run)
-            started = time.perf_counter()
-            agc.run_plain_loop(chunks[1:5])
-            khz = 4 * 250_000 / (time.perf_counter() - started) / 1e3
-            started = time.perf_counter()
-            (result,) = dask.compute(graph, scheduler=cluster.get)
-            real.append(time.perf_counter() - started)
-            assert result.result.events == 24 * 250_000, "the real run lost events"
-            cats = cluster.last_summary.categories
-            chunk_s = cats["agc-chunk"].seconds / max(cats["agc-chunk"].tasks, 1)
-            merge_s = cats["agc-merge"].seconds / max(cats["agc-merge"].tasks, 1)
-            for rate, out in ((khz, sims), (250.0 / chunk_s, sims_in)):
-                workload = Workload(n_files=24, events_per_file=250_000, spread=0.0,
-                                    bytes_per_event=size / (24 * 250_000), khz_per_core=rate,
-                                    merge_s=merge_s, seed=7)
-                out.append(simulate(FacilitySpec.small(workers=2, cores=1), workload,
-                                    "datavine", SimConfig(cost=ManagerCost(decision_s=None))
-                                    ).wall_s)
-            rates.append(khz)
-            rates_in.append(250.0 / chunk_s)
-        bundles = cluster.last_summary.bundles
-    ratios = [s / r for s, r in zip(sims, real, strict=True)]
-    ratios_in = [s / r for s, r in zip(sims_in, real, strict=True)]
-
-    def shown(values: list[float], fmt: str = ".2f") -> str:
-        return ", ".join(f"{v:{fmt}}" for v in values)
-
-    print(f"# validation, per run ({bundles} bundles each): real s {shown(real)}\n"
-          f"#   plain loop here just before: {shown(rates, '.0f')} kHz per core -> model s "
-          f"{shown(sims)}, model / real {shown(ratios)}\n"
-          f"#   chunk time in the workers (run summary): {shown(rates_in, '.0f')} kHz -> "
-          f"model s {shown(sims_in)}, model / real {shown(ratios_in)}",
-          file=sys.stderr, flush=True)
-    return {"validation_real_s": round(statistics.median(real), 3),
-            "validation_sim_s": round(statistics.median(sims_in), 3),
-            "validation_ratio": round(statistics.median(ratios_in), 3),
-            "validation_ratio_worst": round(max(ratios_in, key=lambda x: abs(x - 1)), 3),
-            "validation_ratio_plain_loop_rate": round(statistics.median(ratios), 3),
-            "validation_khz_per_core_workers": round(statistics.median(rates_in), 1),
-            "validation_khz_per_core_plain_loop": round(statistics.median(rates), 1)}
+def box_predictions(geometry: BoxGeometry, cal: Calibration) -> dict[str, Any]:
+    """The box predicted for datavine and blind placement; printed, and as key=value pairs."""
+    pairs: dict[str, Any] = {}
+    preds = {mode: predict_box(geometry, cal, mode) for mode in ("datavine", "blind")}
+    print(f"# box: {geometry.racks} racks x {geometry.hosts_per_rack} hosts, 1-core workers, "
+          f"inter-rack link {geometry.link_mbit:g} Mbit/s, {geometry.files} files x "
+          f"{geometry.events_per_file:,} events ({geometry.compression}), on "
+          f"{geometry.host_cores or cal.host_cores} cores; calibration of {cal.measured_at}")
+    for mode, p in preds.items():
+        print(f"#   predicted {p.line()}; placement {p.placement_tiers}")
+        pairs[f"box_time_{mode}_s"] = round(p.run_time_s, 3)
+        pairs[f"box_interrack_mb_{mode}"] = round(p.interrack_bytes / 1e6, 1)
+        pairs[f"box_near_fraction_{mode}"] = round(p.near_fraction, 3)
+    dv, bl = preds["datavine"], preds["blind"]
+    pairs["box_throughput_ratio"] = round(bl.run_time_s / dv.run_time_s, 3)
+    pairs["box_interrack_bytes_ratio"] = (round(dv.interrack_bytes / bl.interrack_bytes, 3)
+                                          if bl.interrack_bytes else "n/a")
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,15 +129,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="the inter-rack link carries 80 Gbps in each direction")
     parser.add_argument("--png", type=Path,
                         default=common.REPO / "benchmarks" / "figures" / "facility_model.png")
-    parser.add_argument("--repeat", type=int, default=5, help="real validation runs")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--no-validate", action="store_true")
-    group.add_argument("--validate-only", action="store_true")
+    parser.add_argument("--no-facility", action="store_true",
+                        help="skip the challenge-size facility (part 1)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="measure the calibration on loopback now (else read it)")
+    parser.add_argument("--calibration-runs", type=int, default=3)
+    parser.add_argument("--calibration", type=Path, default=common.RUNS / "calibration.json")
+    parser.add_argument("--racks", type=int, default=2)
+    parser.add_argument("--hosts-per-rack", type=int, default=2)
+    parser.add_argument("--link-mbit", type=float, default=200.0)
+    parser.add_argument("--box-files", type=int, default=16)
+    parser.add_argument("--box-events", type=int, default=100_000)
     args = parser.parse_args(argv)
     common.setup()
     print(f"# {common.machine_info()}", flush=True)
     pairs: dict[str, object] = {}
-    if not args.validate_only:
+    if not args.no_facility:
         runs = facility_runs(args.files, args.duplex)
         print(facility_table(runs))
         by = {label: r for label, r, _ in runs}
@@ -178,8 +168,22 @@ def main(argv: list[str] | None = None) -> int:
             ratio_vs_blind=round(dv.gbps_sustained / bl.gbps_sustained, 3),
             decision_us_per_bundle=round(dv.decision_us_per_bundle),
             files=args.files, duplex=int(args.duplex))
-    if not args.no_validate:
-        pairs.update(validate(args.repeat))
+    if args.calibrate:
+        cal = calibrate(args.box_files, args.box_events, "zstd",
+                        repeats=args.calibration_runs)
+        print(f"# calibration saved: {save_calibration(cal, args.calibration)}")
+    else:
+        cal = load_calibration(args.calibration)
+    if cal is None:
+        print(f"# no calibration at {args.calibration}: run with --calibrate for the box's "
+              "prediction")
+    else:
+        print(f"# calibration: {cal}")
+        pairs.update(calibration_pairs(cal))
+        geometry = BoxGeometry(racks=args.racks, hosts_per_rack=args.hosts_per_rack,
+                               link_mbit=args.link_mbit, files=args.box_files,
+                               events_per_file=args.box_events, compression=cal.compression)
+        pairs.update(box_predictions(geometry, cal))
     print(common.kv_line(pairs))
     return 0
 

@@ -1,10 +1,11 @@
 """A discrete-event model of a facility that runs datavine's own scheduling decisions.
 
 What belongs here: simulated time (:mod:`.events`), links shared max-min fairly between
-flows of bytes (:mod:`.network`), the facility and workload to simulate with the figures
-they are calibrated from (:mod:`.spec`), a simulated TaskVine manager and its workers
-(:mod:`.taskvine`), the driver (:mod:`.driver`) and what a run measured (:mod:`.results`,
-:mod:`.plot`).
+flows of bytes (:mod:`.network`), the facility and workload to simulate (:mod:`.spec`), a
+simulated TaskVine manager and its workers (:mod:`.taskvine`), the driver (:mod:`.driver`),
+what a run measured (:mod:`.results`, :mod:`.plot`), the model's inputs measured by real
+loopback runs (:mod:`.calibration`) and, from them and a description alone, the
+prediction of a facility in a box (:mod:`.box`).
 
 What does not: any scheduling decision of its own. The driver feeds the simulated
 facility's events to :class:`datavine.scheduler.run_state.RunState`, the state machine a
@@ -18,6 +19,10 @@ its features lands on) and the network are modelled here.
     from datavine.apps.sim import FacilitySpec, Workload, simulate
     result = simulate(FacilitySpec.challenge(), Workload.challenge(), mode="datavine")
     print(result.gbps_sustained, result.link_utilisation)
+
+    from datavine.apps.sim.box import BoxGeometry, load_calibration, predict_box
+    calibration = load_calibration("runs/benchmarks/calibration.json")  # --calibrate made it
+    print(predict_box(BoxGeometry(racks=2, hosts_per_rack=2, link_mbit=200), calibration))
 """
 
 from datavine.apps.sim.driver import SimConfig, SimRun, simulate

@@ -12,6 +12,15 @@ call that comes back (results, overruns retried under a larger cap, costs and pe
 learned). ``RunConfig(placement=None)`` is datavine locality-blind, as in
 ``benchmarks/locality.py``. TaskVine's part is :class:`~datavine.apps.sim.taskvine.SimTaskVine`,
 the bytes move through :class:`~datavine.apps.sim.network.Network`.
+
+A call's work is one flow: its file's bytes from its shard (across racks when the shard is
+in another rack; from the origin first when the shard misses) at the rate one core consumes
+them. When the facility's workers share a machine (``FacilitySpec.host_cores``), the cores
+are one more link of that flow's path, ``host_cores`` core-seconds per second shared
+max-min fairly with every other running call, so that a call waiting on the network leaves
+its core to the others, as the kernel's scheduler does. A worker's first call first waits
+``Workload.startup_wait_s`` and spends ``Workload.startup_s`` core-seconds (its library
+starting) on those same cores.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +50,8 @@ from datavine.scheduler.topology import Topology
 from datavine.worker import remote
 
 FILE_CATEGORY, MERGE_CATEGORY = "process-file", "merge"
+CPU = "cpu"  # the machine's cores, a link of every flow when workers share them
+STARTUP = "startup"  # flow class of libraries starting
 
 
 @dataclass(frozen=True)
@@ -62,10 +74,11 @@ class _Inflight:
     started: float = 0.0
 
 
-def workload_graph(n_files: int, fanin: int) -> tuple[TaskGraph, list[str]]:
+def workload_graph(n_files: int, fanin: int, lfn_format: str = "/store/sim/file-{:06d}.root"
+                   ) -> tuple[TaskGraph, list[str]]:
     """The graph of one run: a task per file, merges of ``fanin`` up to one output; and the
     files' logical names. Priorities as dask.order gives a reduction (depth first)."""
-    lfns = [f"/store/sim/file-{i:06d}.root" for i in range(n_files)]
+    lfns = [lfn_format.format(i) for i in range(n_files)]
     deps: dict[Any, frozenset[Any]] = {}
     priority: dict[Any, float] = {}
     level = []
@@ -101,21 +114,24 @@ class SimRun:
         self.cfg = config or SimConfig()
         self.run_cfg = self.cfg.run
         self.q = EventQueue()
-        self.shardmap = ShardMap(Shard(url=f"root://{s.name}:1094", rack=s.rack, name=s.name,
+        self.shardmap = ShardMap(Shard(url=f"root://{s.host or s.name}:1094", rack=s.rack,
+                                       name=s.name,
                                        weight=s.gbps if facility.weighted else 1.0)
                                  for s in facility.shards)
         self.shard_of = {s.name: s for s in facility.shards}
-        self.graph, self.lfns = workload_graph(workload.n_files, workload.merge_fanin)
+        self.graph, self.lfns = workload_graph(workload.n_files, workload.merge_fanin,
+                                               workload.lfn_format)
         rng = random.Random(workload.seed)
         sigma = workload.spread
         self.events = [workload.events_per_file * math.exp(rng.gauss(-sigma * sigma / 2, sigma))
                        for _ in self.lfns]
         self.hit = [rng.random() < workload.hit_fraction for _ in self.lfns]
         topology = Topology(self.run_cfg.bundles_per_slot)
-        workers = [SimWorker(f"{rack}-w{i:03d}", rack, facility.cores_per_worker)
-                   for rack in facility.racks for i in range(facility.workers_per_rack)]
-        for w in workers:
-            topology.announce(w.id, w.rack, w.cores)
+        workers = [SimWorker(name, rack, facility.cores_per_worker, host=host)
+                   for name, rack, host in facility.workers()]
+        for w in workers:  # known at connect: names, racks and hosts
+            topology.announce(w.id, w.rack, w.cores, host=w.host)
+        self.started_workers: set[str] = set()
         policy = self.run_cfg.memory
         self.learned = Learned(CostModel(), MemoryState(policy) if policy is not None else None,
                                topology, ShardHealth())
@@ -128,7 +144,7 @@ class SimRun:
         self.net = Network(self._capacities())
         self.inflight: dict[int, _Inflight] = {}  # by the state's call number
         self.decision_s = 0.0
-        self.flows: dict[int, tuple[SimCall, float]] = {}  # flow id -> (call, merges' time)
+        self.flows: dict[int, Callable[[], None]] = {}  # flow id -> what follows it
         self.rec = Recorder(self, self.cfg.sample_s)
         self._net_version = 0
 
@@ -140,6 +156,8 @@ class SimRun:
         f = self.facility
         caps = {f"nic:{s.name}": s.gbps * GBPS for s in f.shards}
         caps["wan"] = f.origin_gbps * GBPS
+        if f.host_cores > 0:
+            caps[CPU] = f.host_cores
         for a in f.racks:
             for b in f.racks:
                 if a < b:
@@ -161,6 +179,8 @@ class SimRun:
                          1.0))
         if not hit:
             path.append(("wan", self.workload.miss_overhead))
+        if CPU in self.net.capacity:  # core-seconds per byte
+            path.append((CPU, 1.0 / self.workload.core_bytes_per_s))
         return path
 
     # --- the loop (GraphRun's, on simulated time) -----------------------------------------
@@ -225,16 +245,38 @@ class SimRun:
         if not files:
             self.q.after(tail, self.tv.finish, call)
             return
-        i = files[0][1]
+        worker = call.ran_on
+        assert worker is not None
+        first = worker.id not in self.started_workers
+        self.started_workers.add(worker.id)
+        if first and (self.workload.startup_s > 0 or self.workload.startup_wait_s > 0):
+            self.q.after(self.workload.startup_wait_s, self._startup,
+                         lambda: self._read(call, files[0][1], tail))
+            return
+        self._read(call, files[0][1], tail)
+
+    def _startup(self, then: Callable[[], None]) -> None:
+        """A worker's library starts (``startup_s`` core-seconds), then ``then``."""
+        seconds = self.workload.startup_s
+        if CPU not in self.net.capacity or seconds <= 0:
+            self.q.after(seconds, then)
+            return
+        self.net.advance(self.q.now)
+        cls = self.net.flow_class(STARTUP, [(CPU, 1.0)], 1.0)  # bytes: core-seconds
+        self.flows[self.net.add(cls, seconds)] = then
+        self._reshare()
+
+    def _read(self, call: SimCall, i: int, tail: float) -> None:
+        """The call reads file ``i`` (and works through its events), then its merges."""
         worker = call.ran_on
         assert worker is not None
         shard = self.shardmap.shard_for(self.lfns[i]).name
         path = self._path(worker.rack, shard, self.hit[i])
         key = (worker.rack, shard, self.hit[i])
-        self.net.advance(t)
+        self.net.advance(self.q.now)
         cls = self.net.flow_class(key, path, self.workload.core_bytes_per_s)
         fid = self.net.add(cls, self.events[i] * self.workload.bytes_per_event)
-        self.flows[fid] = (call, tail)
+        self.flows[fid] = lambda: self.q.after(tail, self.tv.finish, call)
         self._reshare()
 
     def _reshare(self) -> None:
@@ -249,8 +291,7 @@ class SimRun:
             return  # rates changed since this was scheduled
         self.net.advance(self.q.now)
         for _, fid in self.net.finished():
-            call, tail = self.flows.pop(fid)
-            self.q.after(tail, self.tv.finish, call)
+            self.flows.pop(fid)()
         self._reshare()
 
     def _peak(self, keys: list[Any]) -> float:
@@ -271,7 +312,7 @@ class SimRun:
             counts = Counter(self.graph.category(k) for k in entry.keys)
             seconds = t - entry.started
             result = {"status": remote.STATUS_OK, "peak_mb": peak, "worker": worker.id,
-                      "rack": worker.rack, "host": worker.id,
+                      "rack": worker.rack, "host": worker.host or worker.id,
                       "values": dict.fromkeys(entry.outputs, _NONE),
                       "timing": {c: (n, seconds * n / len(entry.keys))
                                  for c, n in counts.items()}}

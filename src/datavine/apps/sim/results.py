@@ -2,7 +2,8 @@
 
 ``gbps_sustained`` is the rate between the moments 5% and 95% of the bytes were delivered
 (ramp-up and tail left out); ``link_utilisation`` is the busiest inter-rack link's mean use
-over that same window, ``link_utilisation_peak`` its highest sample. The tail is the time
+over that same window, ``link_utilisation_peak`` its highest sample; ``interrack_bytes``
+all bytes that crossed racks (every inter-rack link, both directions). The tail is the time
 the last 5% of files took to finish after the first 95% had.
 """
 
@@ -45,6 +46,7 @@ class SimResult:
     decision_us_per_bundle: float
     overruns: int
     placement: dict[str, int]
+    interrack_bytes: float = 0.0
     t: list[float] = field(default_factory=list)
     gbps: list[float] = field(default_factory=list)
     link_util: list[float] = field(default_factory=list)
@@ -74,6 +76,8 @@ class Recorder:
         run.net.advance(run.q.now)
         total = near = 0.0
         for cls in run.net.classes.values():
+            if not isinstance(cls.key, tuple):
+                continue  # not a read (a library starting)
             total += cls.bytes_total
             rack, shard, _ = cls.key
             if run.shard_of[shard].rack == rack:
@@ -137,6 +141,7 @@ class Recorder:
             decisions=run.decisions, bundles=self.bundles,
             decision_us_per_bundle=1e6 * run.decision_s / max(self.bundles, 1),
             overruns=run.overruns, placement=dict(Counter(run.placement_tiers)),
+            interrack_bytes=sum(run.net.link_bytes[name] for name in links),
             t=t_mid, gbps=gbps, link_util=util, near_gbps=near, busy=busy, file_done_s=done)
 
 

@@ -1,15 +1,15 @@
-"""What is simulated: the facility (racks, workers, XCache nodes, links), the workload (files,
-events, bytes per event, the cores' event rate) and the manager's costs per bundle.
+"""What is simulated: the facility (racks, workers, XCache nodes, links, the cores they share),
+the workload (files, events, bytes per event, the cores' event rate) and the manager's costs
+per bundle.
 
 Every default says where it comes from. The seed facility (:meth:`FacilitySpec.challenge`,
 :meth:`Workload.challenge`) is the 200 Gbps challenge's: 2 racks joined by an 80 Gbps link,
 8 XCache nodes of 25-50 Gbps, ~2,500 cores, ~60k files, 25 kHz per core; bytes per event are
 chosen so that 2,500 cores at 25 kHz want 240 Gbps, the challenge's TaskVine peak (its
-average was 221 Gbps at 27.66 kHz/core, i.e. ~400 B/event). Figures measured on this
-project's machine (:meth:`Workload.measured_here`) come from ``/work/shared/FINDINGS.md``
-and ``benchmarks/README.md``: the AGC-style analysis at 769 kHz (ZSTD) and 217 kHz (LZMA)
-per core, 108 and 70 compressed bytes per event, and XCache misses fetching 1.16 x the
-bytes asked for (whole 128 KiB blocks: 340 MB pulled for 292 MB read).
+average was 221 Gbps at 27.66 kHz/core, i.e. ~400 B/event); XCache misses fetch 1.16 x the
+bytes asked for (whole 128 KiB blocks: ``benchmarks/locality.py`` pulled 340 MB for 292 MB
+read). Figures for a facility on this machine come from a measured calibration
+(:mod:`.calibration`), not from defaults here.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ GBPS = 1e9 / 8  # bytes/s in one Gbps
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """One XCache node: its name (enters the shard map's hash), rack and NIC speed."""
+    """One XCache node: its name (enters the shard map's hash), rack, NIC speed and, when
+    workers share its host, that host's name."""
 
     name: str
     rack: str
     gbps: float
+    host: str | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,12 @@ class FacilitySpec:
     direction has it. ``origin_gbps``: the wide-area link cache misses are fetched over.
     ``weighted``: the shard map gives each XCache node a share of the files proportional to
     its Gbps (``Shard.weight``); otherwise every node gets an equal share.
+    ``host_cores``: when > 0, every worker's core and the servers run on one machine of
+    that many real cores (a facility in a box): the cores are one more resource shared
+    max-min fairly by every running call (0: each worker core is a real one).
+    ``worker_name`` / ``worker_host``: how workers are named and which host each runs on
+    (``{rack}``, ``{r}`` the rack in lower case, ``{i}`` from 0, ``{j}`` from 1); a
+    shard's :attr:`ShardSpec.host` on a worker's host puts that worker next to it.
     """
 
     racks: tuple[str, ...] = ("rack-a", "rack-b")
@@ -47,10 +55,15 @@ class FacilitySpec:
     duplex: bool = False
     origin_gbps: float = 100.0
     weighted: bool = False
+    host_cores: float = 0.0
+    worker_name: str = "{rack}-w{i:03d}"
+    worker_host: str = "{rack}-w{i:03d}"
 
     def __post_init__(self) -> None:
         if not self.racks or self.workers_per_rack < 1 or self.cores_per_worker < 1:
             raise ValueError("a facility needs racks, workers and cores")
+        if self.host_cores < 0:
+            raise ValueError("host_cores must be >= 0 (0: cores not shared)")
         unknown = {s.rack for s in self.shards} - set(self.racks)
         if unknown:
             raise ValueError(f"shards in unknown racks: {sorted(unknown)}")
@@ -58,6 +71,16 @@ class FacilitySpec:
     @property
     def cores(self) -> int:
         return len(self.racks) * self.workers_per_rack * self.cores_per_worker
+
+    def workers(self) -> list[tuple[str, str, str]]:
+        """(name, rack, host) of every worker, rack by rack."""
+        out = []
+        for rack in self.racks:
+            for i in range(self.workers_per_rack):
+                names = {"rack": rack, "r": rack.lower(), "i": i, "j": i + 1}
+                out.append((self.worker_name.format(**names), rack,
+                            self.worker_host.format(**names)))
+        return out
 
     @classmethod
     def challenge(cls, **overrides: object) -> FacilitySpec:
@@ -88,6 +111,10 @@ class Workload:
     node (misses go to the origin and pull ``miss_overhead`` x their bytes).
     ``peak_mb``: resident memory of one bundle (FINDINGS: a 100k-event chunk needs
     110-120 MB in a fresh process; long-lived ones grew to 210-320 MB).
+    ``startup_s``: core-seconds a worker spends before its first bundle's work (its library
+    starting, the analysis' imports), after ``startup_wait_s`` seconds that use no core (a
+    starting library's handshake with the manager); ``lfn_format``: the files' logical
+    names (``{}`` the file's index), which decide their shards.
     """
 
     n_files: int = 60_000
@@ -100,6 +127,9 @@ class Workload:
     merge_fanin: int = 8
     merge_s: float = 0.05
     peak_mb: float = 300.0
+    startup_s: float = 0.0
+    startup_wait_s: float = 0.0
+    lfn_format: str = "/store/sim/file-{:06d}.root"
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -107,6 +137,8 @@ class Workload:
             raise ValueError("a workload needs files, events and a rate")
         if not 0.0 <= self.hit_fraction <= 1.0:
             raise ValueError("hit_fraction is a fraction")
+        if self.startup_s < 0 or self.startup_wait_s < 0:
+            raise ValueError("startup_s and startup_wait_s must be >= 0")
 
     @property
     def core_bytes_per_s(self) -> float:
@@ -116,14 +148,6 @@ class Workload:
     @classmethod
     def challenge(cls, **overrides: object) -> Workload:
         return replace(cls(), **overrides)  # type: ignore[arg-type]
-
-    @classmethod
-    def measured_here(cls, compression: str = "zstd", **overrides: object) -> Workload:
-        """The AGC-style analysis as measured on this project's machine (one core)."""
-        rates = {"zstd": (769.0, 108.0), "lzma": (217.0, 70.0)}
-        khz, per_event = rates[compression]
-        return replace(cls(khz_per_core=khz, bytes_per_event=per_event),
-                       **overrides)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

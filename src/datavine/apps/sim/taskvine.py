@@ -27,6 +27,7 @@ class SimWorker:
     rack: str
     cores: int
     busy: int = 0
+    host: str = ""  # the host it runs on ("": its id)
 
 
 @dataclass
