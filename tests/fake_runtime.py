@@ -88,6 +88,12 @@ class FakeRuntime:
     def restart_library(self, calls: tuple[int, ...] = ()) -> None:
         self.restarts += 1
 
+    def library_states(self, now: float) -> dict[str, Any]:
+        return {}  # every library starts at once here
+
+    def network_fallback(self, block: Any, unblock: Any, peers_off: bool) -> None:
+        raise AssertionError("no network fault in the fake runtime")
+
     # --- the port --------------------------------------------------------------------------
     def submit_bundle(self, payload: bytes, cap_mb: float | None, preload: tuple[str, ...],
                       limit_s: float | None, features: Any = (), fetch: Any = None,

@@ -56,3 +56,26 @@ def test_crashed_bundle_goes_anywhere() -> None:
     dispatch.anywhere.update(first.keys)
     placement, home = dispatch.place(first, now=0.0, since=0.0)
     assert placement.action == "run" and home is None and "anywhere" in placement.reason
+
+
+def test_a_bundle_goes_to_the_worker_on_its_shards_host() -> None:
+    dsk: dict[Any, Any] = {("read", i): (reader, f"/store/f{i}.root") for i in range(8)}
+    graph = graphs.build(dsk, list(dsk))
+    from datavine.scheduler.inputs import task_files
+
+    files = {k: task_files(node) for k, node in graph.nodes.items()}
+    planner = Planner(graph, files=files.__getitem__, costs=CostModel(), target_s=1.0,
+                      max_tasks=1)
+    topology = Topology(bundles_per_core=4, here="mgr.box")
+    topology.see([{"hostname": h, "addrport": f"10.0.0.{i}:9", "cores_total": 1,
+                   "features": [f"worker:w-{h}", f"rack:{h[0].upper()}"]}
+                  for i, h in enumerate(["a1.box", "a2.box", "b1.box", "b2.box"])])
+    shardmap = ShardMap.from_urls(["root://a1.box:1094", "root://B1.box.:1094"],
+                                  racks=["A", "B"])
+    dispatch = Dispatcher(planner, topology, PlacementPolicy(), shardmap, ShardHealth(), 4)
+    sent = dispatch.fill(0.0, slots=4, inflight=0)
+    assert len(sent) == 8
+    for bundle, target, placement in sent:
+        host = shardmap.shard_for(bundle.files[0]).url.split("/")[2].split(":")[0]
+        assert target.worker == f"w-{host.lower().rstrip('.')}", (bundle.files, target)
+        assert placement.tier.name == "HOST"

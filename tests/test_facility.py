@@ -43,9 +43,38 @@ def test_example_loads_into_configuration_objects() -> None:
     assert f.memory.per_category == {"agc-chunk": 1536.0} and f.memory.ceiling_mb == 8192
     assert f.placement.max_wait_s == 5.0 and f.placement.cache_wait_s == 1.0
     assert f.local_workers is None
-    # the run settings carry the policies and the shards to the runtime
+    assert f.racks is not None and f.racks.names == ("A", "B")
+    assert f.racks.rack_for("wn-b17.example.org") == "B"
+    assert f.racks.rack_for("xcache-0.example.org") == f.racks.rack_for("10.1.1.5") == "A"
+    # the run settings carry the policies, the shards and the racks to the runtime
     assert f.run.memory == f.memory and f.run.placement == f.placement
-    assert f.run.shardmap is f.shards
+    assert f.run.shardmap is f.shards and f.run.racks is f.racks
+
+
+def test_racks_map_hosts_and_give_shards_without_a_rack_theirs(tmp_path: Path) -> None:
+    f = load_facility(write(tmp_path, """
+[racks]
+A = ["a*.box", "198.18.11.0/24"]
+B = ["b*.box"]
+[xcache]
+origin = "root://mgr.box:1094"
+[[xcache.shards]]
+url = "root://a1.box:1094"
+[[xcache.shards]]
+url = "root://B1.BOX:1094"
+[[xcache.shards]]
+url = "root://198.18.11.12:1094"
+[[xcache.shards]]
+url = "root://c1.box:1094"
+rack = "C"
+[[xcache.shards]]
+url = "root://d1.box:1094"
+"""))
+    assert f.shards is not None and f.racks is not None
+    assert [s.rack for s in f.shards.shards] == ["A", "B", "A", "C", None]
+    assert f.shards.origin is not None and f.shards.origin.url == "root://mgr.box:1094"
+    assert f.run.racks is f.racks and f.run.shardmap is f.shards
+    assert load_facility(write(tmp_path, "")).racks is None
 
 
 def test_policies_can_be_switched_off_and_racks_given(tmp_path: Path) -> None:
@@ -124,6 +153,11 @@ BAD = [
     ('[[pools]]\nname = "p"\nbatch = "local"\ncondor_submit = ["x = 1"]\n', "pools[0] (p)",
      "condor"),
     ("[local_workers]\ncores = 0\n", "local_workers", "cores"),
+    ('racks = ["a1"]\n', "racks", "table of racks"),
+    ('[racks]\nA = "a*.box"\n', "racks.A", "list of strings"),
+    ('[racks]\nA = ["a 1.box"]\n', "racks.A", "without spaces"),
+    ('[racks]\nA = ["10.0.0.0/99"]\n', "racks.A", "not an address network"),
+    ('[racks]\nA = ["a1.box"]\nB = ["a1.box"]\n', "racks", "in racks 'A' and 'B'"),
     ("[manager\nport = 1\n", "(file)", "not valid TOML"),
 ]
 

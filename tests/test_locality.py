@@ -231,8 +231,9 @@ def test_placement_reads_near_and_blind_reads_about_half_far(
     for summary in passes.summaries:
         assert summary.reads.near_fraction >= 0.95, describe(summary)
     warm = passes.summaries[1]
-    assert set(warm.placement) <= {"cached", "rack"}, describe(warm)
-    assert warm.placement["cached"] + warm.placement["rack"] == len(dataset.chunks)
+    # local workers and loopback shards share this host: near is cached, host or rack
+    assert set(warm.placement) <= {"cached", "host", "rack"}, describe(warm)
+    assert sum(warm.placement[t] for t in ("cached", "host", "rack")) == len(dataset.chunks)
     assert warm.placement["cached"] > 0, describe(warm)  # workers that read the file before
 
     with _cluster(tmp_path_factory, testbed, None) as blind:

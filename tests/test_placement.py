@@ -15,6 +15,7 @@ from datavine.scheduler.placement import (
     decide,
     rank_workers,
     score,
+    shard_host,
 )
 
 FILES = [f"/store/f{i}.root" for i in range(6)]
@@ -22,8 +23,8 @@ RACKS = ["A", "B", "C"]
 POLICY = PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0)
 
 
-def _task(*pairs: tuple[str, str | None]) -> TaskInputs:
-    return TaskInputs(tuple(f for f, _ in pairs), dict(pairs))
+def _task(*pairs: tuple[str, str | None], hosts: dict[str, str] | None = None) -> TaskInputs:
+    return TaskInputs(tuple(f for f, _ in pairs), dict(pairs), hosts or {})
 
 
 def test_score_prefers_cached_then_rack_then_any() -> None:
@@ -47,7 +48,48 @@ def test_taskinputs_from_shardmap_uses_logical_names_and_shard_racks() -> None:
                                      "/store/y.root"], smap)
     assert task.files == ("/store/x.root", "/store/y.root")
     assert task.racks == {f: smap.rack_for(f) for f in task.files}
+    assert task.hosts == {f: smap.shard_for(f).url[7:9] for f in task.files}  # s0 or s1
     assert task.home_rack() in {"A", "B"}
+
+
+def test_shard_hosts_are_normalised_and_loopback_is_here() -> None:
+    assert shard_host("root://A1.Box:1094", here="mgr.box") == "a1.box"
+    assert shard_host("root://localhost:1094", here="mgr.box") == "mgr.box"
+    assert shard_host("root://127.0.0.1:1094", here="mgr.box") == "mgr.box"
+    assert shard_host("/store/x.root") is None
+    smap = ShardMap.from_urls(["root://localhost:1"], racks=["A"])
+    assert TaskInputs.from_shardmap(["/x.root"], smap, here="w.box").hosts == {"/x.root": "w.box"}
+
+
+def test_a_worker_on_the_shards_host_comes_between_cached_and_rack() -> None:
+    task = _task(("/a.root", "A"), hosts={"/a.root": "a1.box"})
+    cached = WorkerView("c", "A", 1, frozenset({"/a.root"}), host="a2.box")
+    on_host = WorkerView("h", "A", 1, host="a1.box")
+    rackless_on_host = WorkerView("n", None, 1, host="a1.box")
+    in_rack = WorkerView("r", "A", 1, host="a2.box")
+    other_rack_same_host = WorkerView("x", "B", 1, host="a1.box")  # racks simulated on one host
+    far = WorkerView("f", "B", 1, host="b1.box")
+    assert score(task, on_host).tier == score(task, rackless_on_host).tier == Tier.HOST
+    assert score(task, other_rack_same_host).tier == Tier.FAR  # its rack says otherwise
+    assert score(task, cached) > score(task, on_host) > score(task, in_rack) > score(task, far)
+    order = rank_workers(task, [far, in_rack, other_rack_same_host, on_host, cached])
+    assert [w.id for w in order][:3] == ["c", "h", "r"]
+    p = decide(task, [in_rack, on_host, far], waited_s=0, policy=POLICY)
+    assert (p.action, p.tier, p.workers, p.rack) == ("run", Tier.HOST, ("h",), "A")
+    assert "a1.box" in p.reason
+
+
+def test_a_busy_worker_on_the_host_is_waited_for_as_long_as_a_cached_one() -> None:
+    task = _task(("/a.root", "A"), hosts={"/a.root": "a1.box"})
+    workers = [WorkerView("h", "A", 0, host="a1.box"), WorkerView("r", "A", 1, host="a2.box")]
+    held = decide(task, workers, waited_s=0.5, policy=POLICY)
+    assert (held.action, held.tier, held.retry_after_s) == ("hold", Tier.HOST, 0.5)
+    p = decide(task, workers, waited_s=1.0, policy=POLICY)
+    assert (p.action, p.tier, p.workers) == ("run", Tier.RACK, ("r",))
+    # only rackless workers on the host are near: held up to max_wait_s, then anywhere
+    rackless = [WorkerView("h", None, 0, host="a1.box"), WorkerView("f", "B", 1)]
+    assert decide(task, rackless, waited_s=3.0, policy=POLICY).action == "hold"
+    assert decide(task, rackless, waited_s=5.0, policy=POLICY).anywhere
 
 
 def test_runs_on_a_free_worker_that_already_read_the_file() -> None:
@@ -96,13 +138,18 @@ def test_trivial_cases() -> None:
     assert decide(_task(("/a.root", "A")), [], 0).anywhere
 
 
+HOSTS = ["h1", "h2", "h3", "h4"]
 workers_st = st.lists(
     st.builds(WorkerView, id=st.sampled_from([f"w{i}" for i in range(12)]),
               rack=st.sampled_from([*RACKS, None]), free_slots=st.integers(0, 3),
-              files_read=st.frozensets(st.sampled_from(FILES), max_size=3)),
+              files_read=st.frozensets(st.sampled_from(FILES), max_size=3),
+              host=st.sampled_from([*HOSTS, None])),
     max_size=8, unique_by=lambda w: w.id)
-task_st = st.lists(st.tuples(st.sampled_from(FILES), st.sampled_from([*RACKS, None])),
-                   min_size=1, max_size=4, unique_by=lambda p: p[0]).map(lambda ps: _task(*ps))
+task_st = st.lists(st.tuples(st.sampled_from(FILES), st.sampled_from([*RACKS, None]),
+                             st.sampled_from([*HOSTS, None])),
+                   min_size=1, max_size=4, unique_by=lambda p: p[0]).map(
+    lambda ps: TaskInputs(tuple(f for f, _, _ in ps), {f: r for f, r, _ in ps},
+                          {f: h for f, _, h in ps}))
 
 
 @settings(max_examples=300, deadline=None)
@@ -133,8 +180,41 @@ def test_decide_invariants(task: TaskInputs, workers: list[WorkerView], waited: 
        extra=st.sampled_from(FILES))
 def test_reading_a_file_never_lowers_a_score(task: TaskInputs, worker: WorkerView,
                                               extra: str) -> None:
-    hotter = WorkerView(worker.id, worker.rack, worker.free_slots, worker.files_read | {extra})
+    hotter = WorkerView(worker.id, worker.rack, worker.free_slots, worker.files_read | {extra},
+                        worker.host)
     assert score(task, hotter) >= score(task, worker)
+
+
+def _on_a_files_host(task: TaskInputs, w: WorkerView) -> bool:
+    """On the host of one of the task's shards, its rack not contradicting that shard's."""
+    return any(task.hosts.get(f) == w.host is not None and (
+        w.rack is None or task.racks.get(f) in (None, w.rack)) for f in task.files)
+
+
+@settings(max_examples=400, deadline=None)
+@given(task=task_st, a=workers_st.filter(bool).map(lambda ws: ws[0]),
+       b=workers_st.filter(bool).map(lambda ws: ws[0]))
+def test_a_worker_on_the_shards_host_never_ranks_below_one_only_in_its_rack(
+        task: TaskInputs, a: WorkerView, b: WorkerView) -> None:
+    b = WorkerView("other", b.rack, a.free_slots, b.files_read, b.host)
+    if not _on_a_files_host(task, a):
+        return
+    assert score(task, a).tier >= Tier.HOST
+    b_files = set(task.files) & b.files_read
+    b_only_rack = not _on_a_files_host(task, b) and not b_files
+    if b_only_rack:  # in the files' rack, or anywhere
+        assert score(task, b).tier <= Tier.RACK < score(task, a).tier
+        assert rank_workers(task, [b, a])[0].id == a.id
+
+
+@settings(max_examples=300, deadline=None)
+@given(task=task_st, workers=workers_st, waited=st.floats(0, 10))
+def test_a_free_worker_on_the_host_is_chosen_over_rack_and_anywhere(
+        task: TaskInputs, workers: list[WorkerView], waited: float) -> None:
+    p = decide(task, workers, waited, POLICY)
+    free_on_host = [w for w in workers if w.free_slots > 0 and _on_a_files_host(task, w)]
+    if free_on_host and p.action == "run":
+        assert p.tier >= Tier.HOST and p.workers and not p.anywhere
 
 
 def test_placement_off_reason_names_the_missing_racks() -> None:

@@ -19,3 +19,15 @@ def test_category_lines_fit_a_terminal_and_show_peak_and_cap() -> None:
     summary.categories["agc-merge"].cap_mb = None  # memory caps off: the peak alone
     assert summary.lines()[2].endswith("12.3 s peak   180 MB, 1 over cap")
     assert all(len(line) <= 80 for line in (chunk, merge)), [len(x) for x in (chunk, merge)]
+
+
+def test_placement_counts_every_tier_best_first() -> None:
+    summary = RunSummary(tasks=16, bundles=16, wall_s=2.0, workers=4)
+    summary.placement.update({"rack": 5, "cached": 2, "host": 8, "anywhere": 1})
+    (line,) = [x for x in summary.lines() if "placement" in x]
+    assert line == "  placement: 16 bundles: cached 2, host 8, rack 5, anywhere 1"
+    summary.placement.clear()
+    summary.placement["host"] = 3
+    assert "placement: 3 bundles: cached 0, host 3, rack 0, anywhere 0" in "\n".join(
+        summary.lines())
+    assert summary.to_dict()["placement"] == {"host": 3}

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from datavine.scheduler.labels import rack_of
-from datavine.scheduler.placement import Placement, TaskInputs, Tier, decide
-from datavine.scheduler.topology import ANYWHERE, Target, Topology
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from datavine.io.shards import Shard
+from datavine.scheduler.labels import labels_of, rack_of
+from datavine.scheduler.placement import Placement, TaskInputs, Tier, decide, score
+from datavine.scheduler.racks import RackMap
+from datavine.scheduler.topology import ANYWHERE, Target, Topology, counted_tier
 
 
 def two_racks() -> Topology:
@@ -12,6 +19,12 @@ def two_racks() -> Topology:
     for i in range(4):
         topo.announce(f"local-{i}", rack_of(i, 4, ("a", "b")), cores=1)
     return topo
+
+
+def test_features_say_the_name_and_the_rack() -> None:
+    assert labels_of(["gpu", "rack:A", "worker:w-1", "rack:B"]) == ("w-1", "A")
+    assert labels_of(["worker:", "rack:"]) == (None, None)
+    assert labels_of([]) == (None, None)
 
 
 def test_workers_are_split_into_rack_blocks() -> None:
@@ -64,3 +77,149 @@ def test_workers_that_left_are_forgotten() -> None:
     topo.learn("local-2", "b", "127.0.0.1:9002")
     assert topo.forget_missing({"127.0.0.1:9002"}) == ["local-1"]
     assert "local-1" not in topo.workers and "local-0" in topo.workers  # no address yet: kept
+
+
+# --- workers learned at connect, from TaskVine's list of workers ----------------------------
+def entry(addrport: str, hostname: str, cores: int = 1,
+          features: list[str] | None = None) -> dict[str, Any]:
+    """An entry of ``Manager.status("workers")``; ``features`` only from a TaskVine that
+    lists them (datavine's build)."""
+    out: dict[str, Any] = {"hostname": hostname, "addrport": addrport, "cores_total": cores,
+                           "ncpus": cores}
+    if features is not None:
+        out["features"] = features
+    return out
+
+
+BOX_RACKS = RackMap.of({"A": ["a*.box"], "B": ["198.18.12.*"]})
+
+
+def test_a_worker_that_says_its_name_and_rack_is_known_at_connect() -> None:
+    topo = Topology(racks=BOX_RACKS, here="mgr.box")
+    assert topo.see([entry("198.18.11.11:40001", "a1.box", 2,
+                           ["worker:rack-a-7.0", "rack:B", "gpu"])]) == 0
+    known = topo.workers["rack-a-7.0"]
+    assert (known.named, known.rack, known.host, known.cores) == (True, "B", "a1.box", 2)
+    assert known.addrport == "198.18.11.11:40001"  # its own rack wins over the map
+
+
+def test_without_features_the_map_names_the_rack_by_host_or_address() -> None:
+    topo = Topology(racks=BOX_RACKS, here="mgr.box")
+    topo.see([entry("198.18.11.11:40001", "A1.box."), entry("198.18.12.11:40002", "b1"),
+              entry("198.18.0.2:40003", "mgr.box")])
+    assert {w.id: (w.rack, w.host, w.named) for w in topo.workers.values()} == {
+        "198.18.11.11:40001": ("A", "a1.box", False),
+        "198.18.12.11:40002": ("B", "b1", False),
+        "198.18.0.2:40003": (None, "mgr.box", False)}
+    # without a map and without features: host only; the rack comes with the first result
+    bare = Topology(here="mgr.box")
+    bare.see([entry("198.18.11.11:40001", "a1.box")])
+    known = bare.learn(None, "A", "198.18.11.11:40001", ["/f"])
+    assert known is not None and (known.rack, known.host) == ("A", "a1.box")
+    assert list(bare.workers) == ["198.18.11.11:40001"]
+
+
+def test_an_incomplete_entry_is_learned_and_looked_at_again() -> None:
+    topo = Topology(racks=BOX_RACKS, here="mgr.box")
+    # hello seen, features and resources not yet: host and mapped rack now, the rest later
+    assert topo.see([entry("198.18.11.12:40001", "a2.box", cores=0, features=[])]) == 1
+    assert topo.workers["198.18.11.12:40001"].rack == "A"
+    assert topo.see([entry("198.18.11.12:40001", "a2.box", 4, ["worker:w-a2"])]) == 0
+    assert list(topo.workers) == ["w-a2"]  # the address entry took the worker's name
+    w = topo.workers["w-a2"]
+    assert (w.named, w.rack, w.host, w.cores) == (True, "A", "a2.box", 4)
+    assert topo.see([entry("198.18.11.12:40001", "a2.box", 4, ["worker:w-a2"])]) == 0
+
+
+def test_an_address_entry_and_a_named_result_are_one_worker() -> None:
+    topo = Topology(here="mgr.box")
+    topo.announce("pool-1.0", "A", 1)  # named by the pool, not connected yet
+    topo.see([entry("198.18.11.11:40001", "a1.box")])  # an unpatched TaskVine: no features
+    assert len(topo.workers) == 2
+    topo.learn("pool-1.0", "A", "198.18.11.11:40001", ["/f"], host="a1.box")
+    assert list(topo.workers) == ["pool-1.0"]
+    w = topo.workers["pool-1.0"]
+    assert (w.host, w.addrport, w.files_read) == ("a1.box", "198.18.11.11:40001", {"/f"})
+    topo.see([entry("198.18.11.11:40001", "a1.box")])  # seen again (listed again): no copy
+    assert list(topo.workers) == ["pool-1.0"]
+    assert topo.forget_missing(set()) == ["pool-1.0"] and not topo.workers
+
+
+def test_a_worker_connected_over_loopback_is_on_this_host() -> None:
+    topo = Topology(here="Mgr.Box")
+    topo.see([entry("127.0.0.1:9001", "laptop.local", features=["worker:local-0", "rack:A"])])
+    assert topo.workers["local-0"].host == "mgr.box"
+    assert topo.shard_host(Shard("root://localhost:1094", "A")) == "mgr.box"
+
+
+def test_a_shard_given_by_address_is_on_the_host_that_connected_from_it() -> None:
+    topo = Topology(here="mgr.box")
+    shard = Shard("root://198.18.11.11:1094", "A")
+    assert topo.shard_host(shard) == "198.18.11.11"
+    topo.see([entry("198.18.11.11:40001", "a1.box", features=["worker:w1", "rack:A"])])
+    assert topo.shard_host(shard) == "a1.box"
+    task = TaskInputs(("/f",), {"/f": "A"}, {"/f": topo.shard_host(shard)})
+    placement = decide(task, topo.near(task), waited_s=0.0)
+    assert placement.tier == Tier.HOST and topo.target(placement) == Target(worker="w1")
+    assert counted_tier(placement, topo.target(placement)) == "host"
+
+
+def test_counted_tiers() -> None:
+    host = Placement("run", Tier.HOST, workers=("x",), rack="A")
+    assert counted_tier(host, Target(worker="x")) == "host"
+    assert counted_tier(host, Target(rack="A")) == "rack"  # any worker of the rack runs it
+    assert counted_tier(Placement("run", Tier.CACHED, ("x",)), ANYWHERE) == "anywhere"
+    assert counted_tier(Placement("run", Tier.RACK, ("x",), "A"), Target(rack="A")) == "rack"
+
+
+def test_a_worker_no_feature_can_reach_is_not_a_candidate() -> None:
+    topo = Topology(here="mgr.box")
+    topo.announce("local-0", "A", 1)  # named, not linked to its address yet
+    topo.see([entry("127.0.0.1:9001", "mgr.box")])  # it, through an unpatched TaskVine
+    task = TaskInputs(("/f",), {"/f": "A"}, {"/f": "mgr.box"})
+    assert [v.id for v in topo.near(task)] == ["local-0"]  # the address entry: no name, rack
+    placement = decide(task, topo.near(task), waited_s=0.0)
+    assert topo.target(placement) == Target(worker="local-0")
+
+
+def test_entries_without_an_address_are_skipped() -> None:
+    topo = Topology()
+    assert topo.see([{"hostname": "a1.box"}, "junk", {"addrport": ""}]) == 0  # type: ignore[list-item]
+    assert not topo.workers
+
+
+# --- decisions score only the workers that can be near -------------------------------------
+NAMES = [f"w{i}" for i in range(10)]
+FILES = [f"/f{i}" for i in range(5)]
+worker_st = st.tuples(st.sampled_from(NAMES), st.sampled_from(["A", "B", None]),
+                      st.sampled_from(["h1", "h2", "h3"]), st.integers(1, 3),
+                      st.frozensets(st.sampled_from(FILES), max_size=2))
+task_st = st.lists(st.tuples(st.sampled_from(FILES), st.sampled_from(["A", "B", None]),
+                             st.sampled_from(["h1", "h2", "h3", None])),
+                   min_size=1, max_size=3, unique_by=lambda t: t[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(workers=st.lists(worker_st, max_size=8, unique_by=lambda w: w[0]), files=task_st,
+       sent=st.lists(st.sampled_from([*NAMES, "A", "B"]), max_size=6),
+       waited=st.floats(0, 8))
+def test_deciding_on_the_near_workers_is_deciding_on_all(
+        workers: list[tuple[str, str | None, str, int, frozenset[str]]],
+        files: list[tuple[str, str | None, str | None]], sent: list[str],
+        waited: float) -> None:
+    topo = Topology(bundles_per_core=1, here="mgr.box")
+    for name, rack, host, cores, read in workers:
+        topo.see([entry(f"10.0.0.{NAMES.index(name)}:9000", host, cores,
+                        [f"worker:{name}"] + ([f"rack:{rack}"] if rack else []))])
+        topo.learn(name, rack, None, read)
+    for s in sent:
+        topo.sent(Target(worker=s) if s.startswith("w") else Target(rack=s))
+    task = TaskInputs(tuple(f for f, _, _ in files), {f: r for f, r, _ in files},
+                      {f: h for f, _, h in files})
+    near = topo.near(task)
+    every = topo.views()  # every worker here is named: each can be targeted
+    assert {v.id for v in near} <= {v.id for v in every}
+    assert all(score(task, v).tier == Tier.FAR for v in every if v not in near)
+    on_near, on_all = decide(task, near, waited), decide(task, every, waited)
+    assert (on_near.action, on_near.tier, on_near.workers, on_near.rack) == (
+        on_all.action, on_all.tier, on_all.workers, on_all.rack)

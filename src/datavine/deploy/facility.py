@@ -1,7 +1,9 @@
 """A facility description (TOML) turned into datavine's configuration objects.
 
-One file says how a site runs datavine: the manager (port, password, TLS), how graphs are
-run, the XCache shards and their racks, the worker pools, and the memory and placement
+One file says how a site runs datavine: the manager (the host name workers reach it by,
+the address it listens on, port, password, TLS, the pools' catalog), how graphs are
+run, the XCache shards and their racks, which hosts sit in which rack (``[racks]``, a
+:class:`~datavine.scheduler.racks.RackMap`), the worker pools, and the memory and placement
 policies. :func:`load_facility` reads it with :mod:`tomllib` and returns a
 :class:`Facility` holding :class:`~datavine.config.ManagerConfig`,
 :class:`~datavine.config.RunConfig`, :class:`~datavine.io.shards.ShardMap`,
@@ -29,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from datavine.config import ConfigError, LocalWorkersConfig, ManagerConfig, RunConfig
-from datavine.deploy.pools.factory import BATCHES, FactoryConfig
+from datavine.deploy.pools.factory import BATCHES, NO_CATALOG, FactoryConfig, is_host_port
 from datavine.deploy.pools.factory_pool import FactoryPool, pool_class
 from datavine.deploy.pools.warm import WarmReport, warm_pools
 from datavine.io.shards import Shard, ShardMap
 from datavine.manager.cluster import Cluster
 from datavine.scheduler.memory import MemoryPolicy
 from datavine.scheduler.placement import PlacementPolicy
+from datavine.scheduler.racks import RackMap, url_host
 
 
 class FacilityError(ConfigError):
@@ -126,7 +129,8 @@ def _build(cls: Callable[..., Any], values: dict[str, Any], path: Path, section:
 
 
 # ----------------------------------------------------------------------------------------------
-MANAGER_KEYS: dict[str, Kind] = {"host": _str, "workers_timeout_s": _float, "port": _int,
+MANAGER_KEYS: dict[str, Kind] = {"host": _str, "listen_host": _str, "catalog": _str,
+                                 "workers_timeout_s": _float, "port": _int,
                                  "password_file": _path, "ssl_key": _path, "ssl_cert": _path,
                                  "run_dir": _path, "name": _str, "worker_timeout_s": _float}
 RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
@@ -134,7 +138,8 @@ RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "target_bundle_s": _float, "bundles_per_slot": _int,
                              "wait_s": _float, "progress": _bool, "preload": _str_list,
                              "pickle_by_value": _str_list, "max_library_failures": _int,
-                             "time_limits": _float_map, "task_time_limit_s": _float}
+                             "time_limits": _float_map, "task_time_limit_s": _float,
+                             "library_start_timeout_s": _float, "library_from_peers": _bool}
 XCACHE_KEYS: dict[str, Kind] = {"origin": _str, "export_root": _path, "shards": lambda v, w: v}
 SHARD_KEYS: dict[str, Kind] = {"url": _str, "rack": _str, "name": _str, "weight": _float}
 MEMORY_KEYS: dict[str, Kind] = {"enabled": _bool, "default_mb": _float, "ceiling_mb": _float,
@@ -150,7 +155,8 @@ POOL_KEYS: dict[str, Kind] = {"name": _str, "batch": _str, "workers": _int, "min
 LOCAL_WORKERS_KEYS: dict[str, Kind] = {"workers": _int, "cores": _int, "memory_mb": _int,
                                        "disk_mb": _int, "features": _str_list,
                                        "racks": _str_list, "idle_timeout_s": _int}
-SECTIONS = ("manager", "run", "xcache", "memory", "placement", "pools", "local_workers")
+SECTIONS = ("manager", "run", "xcache", "racks", "memory", "placement", "pools",
+            "local_workers")
 
 
 @dataclass(frozen=True)
@@ -182,23 +188,29 @@ class PoolSettings:
         return self.workers if self.min_workers is None else self.min_workers
 
     def factory_config(self, host: str, port: int, password_file: Path | None = None,
-                       ssl: bool = False) -> FactoryConfig:
+                       ssl: bool = False, *, catalog: str = NO_CATALOG,
+                       transfer_address: str | None = None) -> FactoryConfig:
+        """The pool's vine_factory settings; ``transfer_address`` applies to a local pool
+        only (its workers run on the manager's host), one on other hosts listens on all."""
+        local = self.batch == "local"
         return FactoryConfig(
             manager_host=host, manager_port=port, batch=self.batch,  # type: ignore[arg-type]
             workers=self.workers, min_workers=self.prestarted, cores=self.cores,
             memory_mb=self.memory_mb, disk_mb=self.disk_mb, features=self.features,
             rack=self.rack, password_file=password_file, ssl=ssl,
             idle_timeout_s=self.idle_timeout_s, factory_period_s=self.factory_period_s,
-            extra_condor_submit=self.condor_submit)
+            extra_condor_submit=self.condor_submit, catalog=catalog,
+            transfer_address=transfer_address if local else None)
 
 
 @dataclass(frozen=True)
 class Facility:
     """Everything a facility file says, as datavine's configuration objects.
 
-    ``run`` already carries ``memory``, ``placement`` and ``shards`` (``RunConfig.memory``,
-    ``.placement``, ``.shardmap``); ``memory``/``placement`` are ``None`` when the file
-    switches them off (``enabled = false``).
+    ``run`` already carries ``memory``, ``placement``, ``shards`` and ``racks``
+    (``RunConfig.memory``, ``.placement``, ``.shardmap``, ``.racks``); ``memory``/``placement``
+    are ``None`` when the file switches them off (``enabled = false``). A shard given
+    without a rack has the rack ``racks`` maps its URL's host to.
     """
 
     path: Path
@@ -210,7 +222,9 @@ class Facility:
     export_root: Path | None = None  # the folder the XCache origin serves, seen from here
     pools: tuple[PoolSettings, ...] = ()
     local_workers: LocalWorkersConfig | None = None
+    racks: RackMap | None = None  # which hosts sit in which rack ([racks])
     manager_host: str = "127.0.0.1"  # the name workers reach the manager by
+    catalog: str = NO_CATALOG  # where the pools' vine_factory report (loopback: nowhere)
     workers_timeout_s: float = 120.0  # how long to wait for the pools' pre-started workers
 
     @property
@@ -238,17 +252,24 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
                                 f"{', '.join(SECTIONS)}")
     manager_table = dict(_read_table(doc.get("manager", {}), MANAGER_KEYS, path, "manager"))
     host = manager_table.pop("host", "127.0.0.1")
+    # the manager listens where it is reached, unless told otherwise (manager/listen.py)
+    manager_table.setdefault("listen_host", host)
+    catalog = manager_table.pop("catalog", NO_CATALOG)
+    if not is_host_port(catalog):
+        raise FacilityError(path, "manager.catalog", f"expected host:port, got {catalog!r}")
     workers_timeout_s = manager_table.pop("workers_timeout_s", 120.0)
     if workers_timeout_s <= 0:
         raise FacilityError(path, "manager.workers_timeout_s", f"must be > 0, got "
                             f"{workers_timeout_s}")
     manager = _manager(manager_table, path, check_files)
     shards, export_root = _xcache(doc.get("xcache"), path, check_files)
+    racks = _racks(doc.get("racks"), path)
+    shards = _racked(shards, racks, path)
     memory = _policy(MemoryPolicy, doc.get("memory", {}), MEMORY_KEYS, path, "memory")
     placement = _policy(PlacementPolicy, doc.get("placement", {}), PLACEMENT_KEYS, path,
                         "placement")
     run = _read_table(doc.get("run", {}), RUN_KEYS, path, "run")
-    run.update(memory=memory, placement=placement, shardmap=shards)
+    run.update(memory=memory, placement=placement, shardmap=shards, racks=racks)
     return Facility(
         path=path,
         manager=manager,
@@ -259,7 +280,9 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
         export_root=export_root,
         pools=_pools(doc.get("pools", []), path),
         local_workers=_local_workers(doc.get("local_workers"), path),
+        racks=racks,
         manager_host=host,
+        catalog=catalog,
         workers_timeout_s=workers_timeout_s,
     )
 
@@ -309,6 +332,30 @@ def _xcache(table: Any, path: Path, check_files: bool) -> tuple[ShardMap | None,
     return shardmap, export_root
 
 
+def _racks(table: Any, path: Path) -> RackMap | None:
+    """``[racks]``: each rack's hosts, as names, addresses, globs or networks."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise FacilityError(path, "racks", f"expected a table of racks, got {table!r}")
+    patterns = {}
+    for rack, value in table.items():
+        patterns[rack] = _str_list(value, _Where(path, f"racks.{rack}"))
+        _build(RackMap.of, {"mapping": {rack: patterns[rack]}}, path, f"racks.{rack}")
+    return _build(RackMap.of, {"mapping": patterns}, path, "racks")
+
+
+def _racked(shards: ShardMap | None, racks: RackMap | None, path: Path) -> ShardMap | None:
+    """The shards, those without a rack given the rack ``racks`` maps their host to."""
+    if shards is None or racks is None or all(s.rack is not None for s in shards.shards):
+        return shards
+    placed = [s if s.rack is not None else
+              Shard(s.url, racks.rack_for(url_host(s.url)), s.name, s.weight)
+              for s in shards.shards]
+    origin = shards.origin.url if shards.origin is not None else None
+    return _build(ShardMap, {"shards": placed, "origin": origin}, path, "xcache")
+
+
 def _pools(entries: Any, path: Path) -> tuple[PoolSettings, ...]:
     if not isinstance(entries, list):
         raise FacilityError(path, "pools", "expected [[pools]] tables")
@@ -353,7 +400,9 @@ class FacilityCluster(Cluster):
         for settings in self.facility.pools:
             cfg = settings.factory_config(self.facility.manager_host, self.port,
                                           self.password_file,
-                                          ssl=self.manager_config.ssl is not None)
+                                          ssl=self.manager_config.ssl is not None,
+                                          catalog=self.facility.catalog,
+                                          transfer_address=self._rt.listen_address)
             pool = pool_class(settings.batch)(cfg, name=settings.name, pool_dir=self.pool_dir)
             pool.start()
             self.pools.append(pool)  # only once started: stop() must not touch another's

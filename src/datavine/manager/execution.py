@@ -13,6 +13,7 @@ run that failed.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
@@ -32,12 +33,14 @@ from datavine.scheduler.run_state import (
     Event,
     Fail,
     Instruction,
+    Network,
     PoolSample,
     RunState,
     Submit,
     Tick,
     Withdraw,
 )
+from datavine.scheduler.summary import network_line
 
 if TYPE_CHECKING:
     from datavine.manager.runtime import Runtime
@@ -62,11 +65,14 @@ class GraphRun:
         self.progress = RunProgress(len(graph), enabled=cfg.progress)
         self.bytes_at_start = rt.file_bytes()
         self.library = ""
+        self.said = 0  # network findings printed so far
 
     def execute(self) -> dict[Key, Any]:
         self.library = self.rt.ensure_library()
         state = self.state
-        last_sample = state.start
+        # the first turn samples the pool: workers that connected before the run are
+        # known, with their hosts and racks, before its first bundles are placed
+        last_sample = state.start - REFRESH_S
         try:
             with self.progress:
                 while not state.finished:
@@ -96,8 +102,11 @@ class GraphRun:
                              if (c := self.calls.get(t)) is not None)
         states = {call: self.rt.call_state(task) for call, task in self.tasks.items()}
         self.rt.check_library()  # raises once the library keeps dying
+        where = {call: addr for call, task in self.tasks.items()
+                 if states[call] not in (TASK_READY, "") and (addr := self.rt.call_worker(task))}
         return PoolSample(now, *self.rt.pool_size(), states,
-                          requeued, frozenset(gone), frozenset(lost_addr))
+                          requeued, frozenset(gone), frozenset(lost_addr),
+                          self.rt.library_states(now), where)
 
     # --- instructions ----------------------------------------------------------------------
     def _apply(self, instructions: Iterable[Instruction]) -> None:
@@ -111,7 +120,7 @@ class GraphRun:
                 self._submit(ins)
             elif isinstance(ins, Withdraw):
                 task = self.tasks.get(ins.call)
-                if task is not None and self.rt.call_state(task) == TASK_READY:
+                if task is not None and (ins.running or self.rt.call_state(task) == TASK_READY):
                     self.rt.cancel(task)
                     del self.tasks[ins.call], self.calls[task]
                     pending.extend(self.state.handle(CallWithdrawn(ins.call)))
@@ -124,10 +133,21 @@ class GraphRun:
                 hook = getattr(self.rt, "result_hook", None)  # e.g. the coffea executor's
                 if hook is not None:
                     hook(ins.keys, ins.values)
+            elif isinstance(ins, Network):
+                self.rt.network_fallback(ins.block, ins.unblock, ins.peers_off)
             elif isinstance(ins, Fail):
                 failure = failure or ins.error
+        self._say_network()
         if failure is not None:
             raise failure
+
+    def _say_network(self) -> None:
+        """Say at once, on stderr, what the run found wrong with the network and did (the
+        summary says it again at the end)."""
+        found = self.state.summary.network
+        for finding in found[self.said:]:
+            print(f"datavine: network: {network_line(finding)}", file=sys.stderr, flush=True)
+        self.said = len(found)
 
     def _submit(self, ins: Submit) -> None:
         for temp in ins.store.values():

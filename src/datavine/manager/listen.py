@@ -13,6 +13,7 @@ address a process on this host reaches the manager by (local workers).
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 import socket
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 
 from datavine.config import ManagerConfig
 from datavine.errors import ManagerStartError
+from datavine.scheduler.racks import normal_host
 
 ENV_LISTEN = "VINE_LISTEN_ADDRESS"
 LOOPBACK = "127.0.0.1"
@@ -66,3 +68,10 @@ def listening_on(address: str | None) -> Iterator[None]:
             os.environ.pop(ENV_LISTEN, None)
         else:
             os.environ[ENV_LISTEN] = before
+
+
+@functools.lru_cache(maxsize=1)
+def local_host() -> str:
+    """This machine's name (``uname -n``), normalised: the manager's host, which loopback
+    names and addresses stand for in placement (:mod:`datavine.scheduler.racks`)."""
+    return normal_host(socket.gethostname())

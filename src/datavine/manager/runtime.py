@@ -14,9 +14,10 @@ import contextlib
 import importlib
 import os
 import socket
+import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,13 @@ from datavine.manager.environment import (
     use_environment,
 )
 from datavine.manager.execution import GraphRun
+from datavine.manager.library_log import LibraryLog
+from datavine.manager.listen import contact_host, listen_address, listening_on, local_host
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import CostModel
 from datavine.scheduler.labels import worker_feature
 from datavine.scheduler.memory import MemoryState
+from datavine.scheduler.network import LibraryState
 from datavine.scheduler.run_state import Learned
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Topology
@@ -177,19 +181,42 @@ def exec_command(command: str) -> str:
     return command if command.startswith("exec ") else f"exec {command}"
 
 
-def check_port_free(port: int) -> None:
-    """Raise ManagerStartError naming ``port`` when a listener already holds it."""
+def check_port_free(port: int, address: str | None = None) -> None:
+    """Raise ManagerStartError naming ``port`` when a listener already holds it (on
+    ``address``; ``None``: any)."""
     if port == 0:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if address and ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("", port))
+            sock.bind((address or "", port))
         except OSError as exc:
             raise ManagerStartError(
                 f"cannot start the manager on port {port}: {exc.strerror or exc} (another "
                 "manager or program holds it); choose another port (ManagerConfig.port, "
                 "--port), or 0 for any free one") from None
+
+
+@contextlib.contextmanager
+def files_from_manager(manager: Any) -> Iterator[None]:
+    """While TaskVine's ``create_library_from_functions`` declares the library's own files
+    (its code and pickled context, a few KB), declare them not shared between workers: the
+    manager sends them to each worker. Shared, a worker fetched them from a peer that had
+    them a millisecond earlier, and a worker that cannot reach that peer waited for TCP's
+    connect timeout (~130 s) with its library never started (RunConfig.library_from_peers)."""
+    declare = manager.declare_file
+
+    def unshared(path: str, cache: bool = False, peer_transfer: bool = True,
+                 unlink_when_done: bool = False) -> Any:
+        return declare(path, cache=cache, peer_transfer=False,
+                       unlink_when_done=unlink_when_done)
+
+    manager.declare_file = unshared
+    try:
+        yield
+    finally:
+        del manager.declare_file  # the class's method again
 
 
 def import_taskvine() -> Any:
@@ -220,18 +247,22 @@ class Runtime:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.info_dir = run_dir / "vine-run-info" / f"run-{uuid.uuid4().hex[:8]}"
         port = self.manager_config.port
-        check_port_free(port)
+        # the local address it listens on (None: every interface); see manager/listen.py
+        self.listen_address = listen_address(self.manager_config)
+        check_port_free(port, self.listen_address)
         try:
-            self._m = self.vine.Manager(
-                port=port,
-                ssl=self.manager_config.ssl,
-                run_info_path=str(self.info_dir.parent),
-                run_info_template=self.info_dir.name,
-                staging_path=str(run_dir),
-            )
+            with listening_on(self.listen_address):
+                self._m = self.vine.Manager(
+                    port=port,
+                    ssl=self.manager_config.ssl,
+                    run_info_path=str(self.info_dir.parent),
+                    run_info_template=self.info_dir.name,
+                    staging_path=str(run_dir),
+                )
         except Exception as exc:  # TaskVine raises a bare Exception
-            raise ManagerStartError(f"cannot start the TaskVine manager on port {port}: "
-                                    f"{exc}") from None
+            where = self.listen_address or "every interface"
+            raise ManagerStartError(f"cannot start the TaskVine manager on port {port} "
+                                    f"({where}): {exc}") from None
         if self.manager_config.password_file:
             self._m.set_password_file(str(self.manager_config.password_file))
         self._m.tune("watch-library-logfiles", 1)
@@ -252,8 +283,9 @@ class Runtime:
         self._worker_counters: tuple[int, int] | None = None  # (joined, removed) then
         self._library_logs = LibraryLogs()
         self.requeues = RequeueLog(self.info_dir / "vine-logs" / "transactions")
+        self.libraries = LibraryLog(self.info_dir / "vine-logs" / "transactions")
         self._calls: dict[int, Any] = {}  # bundles' calls in TaskVine, by task id
-        self.learned = Learned.fresh(self.run_config)  # handed to each run
+        self.learned = Learned.fresh(self.run_config, here=local_host())  # handed to each run
         self.last_summary: RunSummary | None = None
         self._last_status = 0.0
         for module in self.run_config.pickle_by_value:
@@ -280,6 +312,11 @@ class Runtime:
     @property
     def port(self) -> int:
         return int(self._m.port)
+
+    @property
+    def contact_host(self) -> str:
+        """The address a process on this host reaches the manager by."""
+        return contact_host(self.listen_address)
 
     @property
     def manager(self) -> Any:
@@ -352,9 +389,12 @@ class Runtime:
     def ensure_library(self) -> str:
         if self._library is None:
             name = f"datavine-{uuid.uuid4().hex[:8]}"
-            lib = self._m.create_library_from_functions(
-                name, remote.run_bundle, add_env=False, exec_mode="direct",
-                library_context_info=[remote.library_started, [], {}])
+            with contextlib.ExitStack() as files:
+                if not self.run_config.library_from_peers:
+                    files.enter_context(files_from_manager(self._m))
+                lib = self._m.create_library_from_functions(
+                    name, remote.run_bundle, add_env=False, exec_mode="direct",
+                    library_context_info=[remote.library_started, [], {}])
             lib.set_cores(1)
             lib.set_function_slots(1)
             for var, value in LIBRARY_ENV.items():
@@ -517,7 +557,8 @@ class Runtime:
     def drop_lost_workers(self) -> tuple[set[str], set[str]]:
         """Forget workers that left: (their names, the addresses that disconnected since the
         last look). Calls sent to a named worker that left, or running on a lost address,
-        must run elsewhere."""
+        must run elsewhere. Workers that joined become known to the topology with their
+        host, rack, name and cores, before any bundle ran on them (:meth:`Topology.see`)."""
         now = time.monotonic()
         gone: set[str] = set()
         lost_addr: set[str] = set()
@@ -526,23 +567,29 @@ class Runtime:
             gone |= {w.id for w in self.topology.workers.values()
                      if w.named and w.id.startswith("local-") and w.id not in alive}
             for wid in gone:
-                addrport = self.topology.workers.pop(wid).addrport
-                if addrport:
-                    lost_addr.add(addrport)
+                known = self.topology.forget(wid)
+                if known is not None and known.addrport:
+                    lost_addr.add(known.addrport)
         if now - self._last_status >= STATUS_EVERY_S:
             self._last_status = now
             workers = self._worker_list_if_changed()
             if isinstance(workers, list):
-                alive_addr = {a for w in workers if isinstance(w, dict)
-                              if (a := w.get("addrport"))}
+                entries = [w for w in workers if isinstance(w, dict)]
+                alive_addr = {a for w in entries if (a := w.get("addrport"))}
                 lost_addr |= self._addrports - alive_addr
                 self._addrports = alive_addr
                 gone |= set(self.topology.forget_missing(alive_addr))
+                if self.topology.see(entries):
+                    # a worker that has not reported its features and resources yet (they
+                    # follow its hello): look again at the next status, joined or not
+                    self._worker_counters = None
         return gone, lost_addr
 
     def _worker_list_if_changed(self) -> list[Any] | None:
         """TaskVine's list of connected workers, or None when no worker joined or left
-        since the last look (the list costs ~10 ms at 256 workers; the counters nothing)."""
+        since the last look (the list costs ~10 ms at 256 workers; the counters nothing).
+        Each entry has the worker's ``hostname``, ``addrport`` and resources, and, with
+        datavine's TaskVine build, its ``features`` (its name and rack)."""
         stats = self._m.stats
         counters = (int(stats.workers_joined), int(stats.workers_removed))
         if counters == self._worker_counters:
@@ -553,6 +600,32 @@ class Runtime:
             return None
         self._worker_counters = counters
         return workers
+
+    # --- the network: libraries that do not start, fallbacks (scheduler/network.py) -------
+    def library_states(self, now: float) -> dict[str, LibraryState]:
+        """Each connected worker's library (address -> state since ``now`` or earlier),
+        from TaskVine's transactions log; host names from its worker list, looked up only
+        for workers not named yet."""
+        self.libraries.read(now)
+        if self.libraries.missing_hosts():
+            with contextlib.suppress(Exception):  # a status call must never break a run
+                self.libraries.name_hosts(
+                    {w["addrport"]: w["hostname"] for w in self._m.status("workers") or ()
+                     if isinstance(w, dict) and w.get("addrport") and w.get("hostname")})
+        return dict(self.libraries.states)
+
+    def network_fallback(self, block: Sequence[str], unblock: Sequence[str],
+                         peers_off: bool) -> None:
+        """Block hosts (TaskVine sends their workers nothing more), unblock others, turn
+        peer transfers off (every file from the manager; temps declared from now on come
+        back to it)."""
+        for host in block:
+            self._m.block_host(host)
+        for host in unblock:
+            self._m.unblock_host(host)
+        if peers_off:
+            self._m.disable_peer_transfers()
+            print(file=sys.stderr, flush=True)  # TaskVine's warning there ends no line
 
     def library_failures(self) -> list[Path]:
         """Logs of library instances that died with a traceback (TaskVine restarts them)."""

@@ -2,13 +2,15 @@
 
 Each time slots are free, :meth:`Dispatcher.fill` takes held bundles first, then fresh ones
 from the planner (:mod:`datavine.scheduler.bundling`), and decides each one's placement
-(:func:`datavine.scheduler.placement.decide`) from where its files' shards are now (a failed shard's
-next in line, :mod:`datavine.io.shards`) and the workers' free slots and files read
-(:mod:`datavine.scheduler.topology`). As in Spark's delay scheduling, a bundle that waits for a busy
-rack is held, counting its wait from the later of its arrival and the last time its rack got
-a near bundle; the look-ahead past held bundles is bounded, so other racks stay busy. A
-bundle whose last try crashed goes anywhere. The run loop (:mod:`datavine.manager.execution`) and
-the facility model (:mod:`datavine.apps.sim`) both dispatch through this class.
+(:func:`datavine.scheduler.placement.decide`) from where its files' shards are now (a failed
+shard's next in line, :mod:`datavine.io.shards`: its rack and its host) and the free slots,
+hosts and files read of the workers that can be near them
+(:meth:`datavine.scheduler.topology.Topology.near`). As in Spark's delay scheduling, a bundle
+that waits for a busy rack is held, counting its wait from the later of its arrival and the
+last time its rack got a near bundle; the look-ahead past held bundles is bounded, so other
+racks stay busy. A bundle whose last try crashed goes anywhere. The run loop
+(:mod:`datavine.manager.execution`) and the facility model (:mod:`datavine.apps.sim`) both
+dispatch through this class.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 
-from datavine.io.shards import NoShardAvailableError, ShardHealth, ShardMap, logical_name
+from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
 from datavine.scheduler.topology import Target, Topology
@@ -82,16 +84,23 @@ class Dispatcher:
         if not self.anywhere.isdisjoint(bundle.keys):
             return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None
         lfns = tuple(dict.fromkeys(logical_name(f) for f in bundle.files))
-        racks = {f: self.rack_now(f, now) for f in lfns} if self.shardmap else {}
-        task = TaskInputs(lfns, racks)
+        shards = {f: self.shard_now(f, now) for f in lfns} if self.shardmap else {}
+        task = TaskInputs(lfns, {f: s.rack if s else None for f, s in shards.items()},
+                          {f: self.topology.shard_host(s) if s else None
+                           for f, s in shards.items()})
         home = task.home_rack()
         waited = now - max(since, self.last_near.get(home, since)) if home else now - since
-        return decide(task, self.topology.views(), waited, self.policy), home
+        return decide(task, self.topology.near(task), waited, self.policy), home
 
-    def rack_now(self, lfn: str, now: float) -> str | None:
-        """Rack of the shard that will serve ``lfn`` now (a failed shard's next in line)."""
+    def shard_now(self, lfn: str, now: float) -> Shard | None:
+        """The shard that will serve ``lfn`` now (a failed shard's next in line)."""
         assert self.shardmap is not None
         try:
-            return self.shardmap.choose(lfn, self.health, now).rack
+            return self.shardmap.choose(lfn, self.health, now)
         except NoShardAvailableError:
             return None
+
+    def rack_now(self, lfn: str, now: float) -> str | None:
+        """Rack of the shard that will serve ``lfn`` now."""
+        shard = self.shard_now(lfn, now)
+        return shard.rack if shard is not None else None

@@ -4,7 +4,9 @@ A worker started by datavine carries its rack as the feature ``rack:<name>`` (so
 task can be sent to that rack) and, where datavine names its workers itself (local
 workers), its name as ``worker:<id>`` (so that a task can be sent to that worker). The
 same labels are in the worker's environment (``DATAVINE_RACK``, ``DATAVINE_WORKER_ID``),
-which the library processes it starts inherit: a bundle's result says where it ran.
+which the library processes it starts inherit: a bundle's result says where it ran. The
+manager reads the features back from TaskVine's list of workers (:func:`labels_of`) when a
+worker connects, before any result.
 
 Imported on workers: no imports beyond the standard library.
 """
@@ -12,6 +14,7 @@ Imported on workers: no imports beyond the standard library.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 RACK_FEATURE_PREFIX = "rack:"
 WORKER_FEATURE_PREFIX = "worker:"
@@ -25,6 +28,18 @@ def rack_feature(rack: str) -> str:
 
 def worker_feature(worker_id: str) -> str:
     return f"{WORKER_FEATURE_PREFIX}{worker_id}"
+
+
+def labels_of(features: Iterable[str]) -> tuple[str | None, str | None]:
+    """(worker id, rack) a worker's features say (``worker:<id>``, ``rack:<name>``), None
+    for each it does not say; the first of each wins."""
+    worker = rack = None
+    for feature in features:
+        if worker is None and feature.startswith(WORKER_FEATURE_PREFIX):
+            worker = feature[len(WORKER_FEATURE_PREFIX):] or None
+        elif rack is None and feature.startswith(RACK_FEATURE_PREFIX):
+            rack = feature[len(RACK_FEATURE_PREFIX):] or None
+    return worker, rack
 
 
 def rack_of(index: int, n_workers: int, racks: tuple[str, ...]) -> str | None:

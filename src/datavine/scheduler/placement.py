@@ -1,15 +1,24 @@
 """Placement: which workers a task should run on, given where its input files live.
 
 Pure decisions, no I/O. A task reads files; each file belongs to one XCache shard, and each
-shard sits in a rack (see :mod:`datavine.io.shards`). A worker is *near* a task when
+shard sits on a host (the host in its URL) in a rack (see :mod:`datavine.io.shards`). A
+worker is *near* a task when, best first,
 
-1. it has already read one of the task's files (its node cache or page cache has it), or
-2. it sits in the rack of the shard that holds the file (no cross-switch traffic);
+1. it has already read one of the task's files (its node cache or page cache has it:
+   ``CACHED``),
+2. it runs on the host of the shard that holds a file (the read never leaves the host:
+   ``HOST``), or
+3. it sits in the rack of that shard (no cross-switch traffic: ``RACK``);
 
-anything else is *far*. :func:`decide` does delay scheduling: it holds a task for a short
-while when the near workers are busy, but never longer than ``policy.max_wait_s``, and never
-when no near worker is connected at all (waiting for a worker that does not exist only adds
-latency). The runtime turns a :class:`Placement` into TaskVine calls (worker ids, a rack
+anything else is *far*. Hosts are compared normalised (:mod:`datavine.scheduler.racks`). A
+worker whose rack contradicts the shard's (racks simulated on one machine) is not near
+through its host or its cache: reads go through the file's shard. :func:`decide` does delay
+scheduling: it holds a task for a short while when the near workers are busy, but never
+longer than ``policy.max_wait_s``, and never when no near worker is connected at all
+(waiting for a worker that does not exist only adds latency). It scores only the workers it
+is given: the topology hands it those that can be near (readers of the files, workers on the
+shards' hosts and in their racks, :meth:`datavine.scheduler.topology.Topology.near`), not
+every worker. The runtime turns a :class:`Placement` into TaskVine calls (worker ids, a rack
 feature); this module does not know about TaskVine.
 """
 
@@ -23,6 +32,7 @@ from enum import IntEnum
 from typing import Literal
 
 from datavine.io.shards import ShardMap, logical_name
+from datavine.scheduler.racks import normal_host, url_host
 
 
 class Tier(IntEnum):
@@ -30,7 +40,8 @@ class Tier(IntEnum):
 
     FAR = 0
     RACK = 1
-    CACHED = 2
+    HOST = 2
+    CACHED = 3
 
 
 @dataclass(frozen=True)
@@ -41,19 +52,26 @@ class WorkerView:
     rack: str | None = None
     free_slots: int = 1
     files_read: frozenset[str] = frozenset()
+    host: str | None = None  # normalised (datavine.scheduler.racks.normal_host)
 
 
 @dataclass(frozen=True)
 class TaskInputs:
-    """A task's input files (logical names) and the rack of the shard holding each."""
+    """A task's input files (logical names), and the rack and the host (normalised) of the
+    shard holding each."""
 
     files: tuple[str, ...]
     racks: Mapping[str, str | None] = field(default_factory=dict)
+    hosts: Mapping[str, str | None] = field(default_factory=dict)
 
     @classmethod
-    def from_shardmap(cls, files: Iterable[str], shardmap: ShardMap) -> TaskInputs:
+    def from_shardmap(cls, files: Iterable[str], shardmap: ShardMap,
+                      here: str = "localhost") -> TaskInputs:
+        """Where the files' own shards are (``here``: the host loopback URLs stand for)."""
         lfns = tuple(dict.fromkeys(logical_name(f) for f in files))
-        return cls(lfns, {f: shardmap.rack_for(f) for f in lfns})
+        shards = {f: shardmap.shard_for(f) for f in lfns}
+        return cls(lfns, {f: s.rack for f, s in shards.items()},
+                   {f: shard_host(s.url, here) for f, s in shards.items()})
 
     def rack_counts(self) -> Counter[str]:
         return Counter(r for f in self.files if (r := self.racks.get(f)) is not None)
@@ -72,6 +90,7 @@ class Score:
 
     tier: Tier
     cached_files: int
+    host_files: int
     rack_files: int
 
 
@@ -79,9 +98,10 @@ class Score:
 class PlacementPolicy:
     """Delay-scheduling limits, in seconds of the task's time in the ready queue.
 
-    ``cache_wait_s``: how long to hold out for a worker that already read the files before
-    settling for one in the right rack. ``max_wait_s``: how long to hold out for any near
-    worker before running anywhere; it caps ``cache_wait_s`` too.
+    ``cache_wait_s``: how long to hold out for the best worker connected (one that already
+    read the files, else one on their shard's host) before settling for one in the right
+    rack. ``max_wait_s``: how long to hold out for any near worker before running anywhere;
+    it caps ``cache_wait_s`` too.
     """
 
     max_wait_s: float = 5.0
@@ -113,25 +133,37 @@ class Placement:
         return self.action == "run" and not self.workers and self.rack is None
 
 
+def shard_host(url: str, here: str = "localhost") -> str | None:
+    """The normalised host of a shard at ``url`` (``here``: what loopback stands for)."""
+    host = url_host(url)
+    return normal_host(host, here) if host else None
+
+
 def score(task: TaskInputs, worker: WorkerView) -> Score:
     """How near ``worker`` is to ``task``'s data."""
+    rack, host = worker.rack, worker.host
     # Reads go through the file's shard: a worker outside that shard's rack that read the
     # file before is still far from it.
     cached = 0
     if worker.files_read:
         cached = sum(1 for f in task.files if f in worker.files_read
-                     and task.racks.get(f) in (None, worker.rack))
+                     and task.racks.get(f) in (None, rack))
+    on_host = 0
+    if host is not None and task.hosts:
+        on_host = sum(1 for f in task.files if task.hosts.get(f) == host
+                      and (rack is None or task.racks.get(f) in (None, rack)))
     in_rack = 0
-    if worker.rack is not None:
-        in_rack = sum(1 for f in task.files if task.racks.get(f) == worker.rack)
-    tier = Tier.CACHED if cached else Tier.RACK if in_rack else Tier.FAR
-    return _score(tier, cached, in_rack)
+    if rack is not None:
+        in_rack = sum(1 for f in task.files if task.racks.get(f) == rack)
+    tier = (Tier.CACHED if cached else Tier.HOST if on_host else Tier.RACK if in_rack
+            else Tier.FAR)
+    return _score(tier, cached, on_host, in_rack)
 
 
 @functools.lru_cache(maxsize=4096)
-def _score(tier: Tier, cached: int, in_rack: int) -> Score:
-    """Scores are small and immutable: share them (decisions score every worker)."""
-    return Score(tier, cached, in_rack)
+def _score(tier: Tier, cached: int, on_host: int, in_rack: int) -> Score:
+    """Scores are small and immutable: share them (decisions score every near worker)."""
+    return Score(tier, cached, on_host, in_rack)
 
 
 def rank_workers(task: TaskInputs, workers: Iterable[WorkerView]) -> list[WorkerView]:
@@ -147,7 +179,7 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
     if not task.files:
         return Placement("run", Tier.FAR, reason="task reads no known input files")
     if not workers:
-        return Placement("run", Tier.FAR, reason="no workers connected")
+        return Placement("run", Tier.FAR, reason="no near worker connected")
 
     scores = {w.id: score(task, w) for w in workers}
     best_connected = max(s.tier for s in scores.values())
@@ -161,15 +193,16 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
     cache_wait_s = min(policy.cache_wait_s, policy.max_wait_s)
     if waited_s < cache_wait_s:
         wanted = best_connected
-    elif waited_s < policy.max_wait_s and any(s.rack_files for s in scores.values()):
-        wanted = min(best_connected, Tier.RACK)
-    else:  # waited long enough, or no worker sits in a rack of its files: none to wait for
+    elif waited_s < policy.max_wait_s and any(s.rack_files or s.host_files
+                                               for s in scores.values()):
+        wanted = min(best_connected, Tier.RACK)  # the rack, or better
+    else:  # waited long enough, or no worker sits near its files: none to wait for
         wanted = Tier.FAR
 
     if best_free is not None and best_free >= wanted:
         return _run([w for w in free if scores[w.id].tier == best_free], best_free)
     if wanted > Tier.FAR:
-        limit = cache_wait_s if wanted == Tier.CACHED else policy.max_wait_s
+        limit = cache_wait_s if wanted > Tier.RACK else policy.max_wait_s
         return Placement("hold", wanted, retry_after_s=max(limit - waited_s, 0.0),
                          reason=f"near workers ({wanted.name.lower()}) are busy; "
                                 f"waited {waited_s:.1f} s of {limit:.1f} s")
@@ -187,6 +220,10 @@ def _run(candidates: list[WorkerView], tier: Tier) -> Placement:
     # worker ids and the rack feature say the same thing.
     rack = candidates[0].rack
     ids = tuple(w.id for w in candidates if w.rack == rack)
+    if tier == Tier.HOST:
+        hosts = ", ".join(sorted({w.host for w in candidates if w.rack == rack and w.host}))
+        return Placement("run", tier, workers=ids, rack=rack,
+                         reason=f"workers on the shard's host ({hosts})")
     return Placement("run", tier, workers=ids, rack=rack, reason=f"workers in rack {rack}")
 
 
@@ -195,7 +232,8 @@ def placement_off_reason(policy: PlacementPolicy | None, shardmap: ShardMap | No
     """Why placement could not keep reads near although it is on, or None.
 
     Placement needs racks on both sides: the shards' (the shard map) and the workers'
-    (local workers' ``racks``, a pool's ``--rack``, or the facility file's pools).
+    (their ``rack:`` feature: local workers' ``racks``, a pool's ``--rack``, the facility
+    file's pools; or the facility file's ``[racks]`` map of hosts).
     """
     if policy is None or shardmap is None:
         return None
@@ -203,7 +241,8 @@ def placement_off_reason(policy: PlacementPolicy | None, shardmap: ShardMap | No
         return ("placement is off: the XCache shards have no racks (give each shard a rack "
                 "in the facility file)")
     if all(r is None for r in worker_racks):
-        return ("placement is off: no worker has a rack (start pools with --rack, or name "
-                "their racks in the facility file's [[pools]]; local workers take racks=)")
+        return ("placement is off: no worker has a rack (start pools with --rack, name "
+                "their racks in the facility file's [[pools]], or map hosts to racks in its "
+                "[racks]; local workers take racks=)")
     return None
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -47,9 +47,10 @@ from datavine.scheduler.dispatch import Dispatcher
 from datavine.scheduler.inputs import task_files
 from datavine.scheduler.intermediates import Intermediates, Plan
 from datavine.scheduler.memory import GiveUp, MemoryState
+from datavine.scheduler.network import Finding, LibraryState, NetworkWatch
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.summary import RunSummary
-from datavine.scheduler.topology import ANYWHERE, Target, Topology
+from datavine.scheduler.topology import Target, Topology, counted_tier
 from datavine.worker import remote
 
 Key = Hashable
@@ -59,17 +60,20 @@ TASK_READY = "READY"  # TaskVine's state of a call submitted and not dispatched 
 @dataclass
 class Learned:
     """What a manager learns across runs and hands to each: task costs per category, memory
-    peaks and caps, the workers it has seen (and their racks), shards seen failing."""
+    peaks and caps, the workers it has seen (and their racks), shards seen failing, workers
+    dropped for the network (:mod:`datavine.scheduler.network`)."""
 
     costs: CostModel
     memory: MemoryState | None
     topology: Topology
     shard_health: ShardHealth
+    network: NetworkWatch = field(default_factory=NetworkWatch)
 
     @classmethod
-    def fresh(cls, run: RunConfig) -> Learned:
+    def fresh(cls, run: RunConfig, here: str = "localhost") -> Learned:
+        """Nothing learned yet; ``here``: the manager's host name (what loopback means)."""
         return cls(CostModel(), MemoryState(run.memory) if run.memory is not None else None,
-                   Topology(run.bundles_per_slot), ShardHealth())
+                   Topology(run.bundles_per_slot, racks=run.racks, here=here), ShardHealth())
 
 
 # --- events -------------------------------------------------------------------------------
@@ -85,7 +89,8 @@ class Tick:
 @dataclass(frozen=True)
 class PoolSample:
     """A look at the pool (about once a second): each call's TaskVine state, calls TaskVine
-    put back in its queue by itself, named workers that left, addresses that disconnected."""
+    put back in its queue by itself, named workers that left, addresses that disconnected;
+    each worker's library (by address) and the address of each call a worker took."""
 
     now: float
     workers: int
@@ -94,6 +99,8 @@ class PoolSample:
     requeued: frozenset[int] = frozenset()
     gone: frozenset[str] = frozenset()
     lost_addr: frozenset[str] = frozenset()
+    libraries: Mapping[str, LibraryState] = field(default_factory=dict)
+    where: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -145,9 +152,11 @@ class Submit:
 @dataclass(frozen=True)
 class Withdraw:
     """Cancel ``call`` if no worker took it yet, and answer :class:`CallWithdrawn`; a call
-    already running is left to finish."""
+    already running is left to finish, unless ``running``: its worker's library never
+    started, so nothing runs it."""
 
     call: int
+    running: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,13 +175,23 @@ class Deliver:
 
 
 @dataclass(frozen=True)
+class Network:
+    """Change TaskVine for the network (:mod:`datavine.scheduler.network`): block hosts,
+    unblock others, turn peer transfers off."""
+
+    block: tuple[str, ...] = ()
+    unblock: tuple[str, ...] = ()
+    peers_off: bool = False
+
+
+@dataclass(frozen=True)
 class Fail:
     """The run cannot succeed: raise ``error``."""
 
     error: BaseException
 
 
-Instruction = Submit | Withdraw | DropTemp | Deliver | Fail
+Instruction = Submit | Withdraw | DropTemp | Deliver | Network | Fail
 
 
 class _Failed(Exception):
@@ -196,6 +215,7 @@ class _Again:
 
     reason: str = ""
     retry: bool = True
+    anywhere: bool = False  # requeued (not retried) to run on any worker
 
 
 @dataclass
@@ -217,6 +237,8 @@ class RunState:
             self.files_of = {k: task_files(n) for k, n in graph.nodes.items()}.__getitem__
         self.planner = Planner(graph, files=self.files_of, costs=learned.costs,
                                target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks)
+        if cfg.racks is not None and learned.topology.racks is None:
+            learned.topology.racks = cfg.racks  # for workers seen from now on
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
                                    learned.shard_health, cfg.bundles_per_slot)
         self._temps = itertools.count(1)
@@ -325,7 +347,7 @@ class RunState:
                   if (limit := cfg.time_limit(c)) is not None}
         keep = [k for k in bundle.outputs if k not in graph.outputs
                 and self.kept.worth_keeping(graph.category(k), cfg.inline_max_bytes)
-                ] if cfg.keep_on_workers else []
+                ] if cfg.keep_on_workers and self.learned.network.keep_on_workers else []
         plan = self.kept.plan(keep, bundle.inputs)
         spec = {
             "nodes": [(k, graph.nodes[k]) for k in bundle.keys],
@@ -346,8 +368,7 @@ class RunState:
         self.inflight[call] = Inflight(bundle, target, category, cap_mb, plan)
         self.summary.bundles += 1
         if bundle.files:
-            self.summary.placement[placement.tier.name.lower() if target != ANYWHERE
-                                   else "anywhere"] += 1
+            self.summary.placement[counted_tier(placement, target)] += 1
 
     # --- the pool ---------------------------------------------------------------------------
     def _sample(self, sample: PoolSample) -> None:
@@ -384,11 +405,56 @@ class RunState:
         for call, entry in list(self.inflight.items()):
             if entry.target.worker in sample.gone and sample.states.get(call) == TASK_READY:
                 self._withdraw(call, _Again(f"worker {entry.target.worker} left"))
+        self._watch_network(sample)
 
-    def _withdraw(self, call: int, again: _Again) -> None:
+    def _withdraw(self, call: int, again: _Again, *, running: bool = False) -> None:
         if call not in self.withdrawing:
             self.withdrawing[call] = again
-            self._out.append(Withdraw(call))
+            self._out.append(Withdraw(call, running))
+
+    def _watch_network(self, sample: PoolSample) -> None:
+        """Workers whose library does not start are dropped, their calls sent elsewhere
+        (not counted as attempts: the bundle did nothing wrong); TaskVine is told what to
+        block and whether to stop peer transfers (:mod:`datavine.scheduler.network`)."""
+        workers = self.learned.topology.workers.values()
+        names = {w.addrport: w.id for w in workers if w.addrport}
+        held = Counter(addr for call, addr in sample.where.items() if call in self.inflight)
+        actions = self.learned.network.libraries(
+            sample.libraries, sample.now, self.cfg.library_start_timeout_s, names,
+            len(self.kept.held), self.start, held)
+        for call, addr in sorted(sample.where.items()):
+            if addr in actions.stalled and call in self.inflight:
+                why = f"its worker {names.get(addr, addr)}'s library did not start"
+                self._withdraw(call, _Again(why, retry=False, anywhere=True), running=True)
+        self._out_of_placement(actions.stalled, sample.states)
+        if actions.for_runtime:
+            self._out.append(Network(actions.block, actions.unblock, actions.peers_off))
+        self._say(actions.findings)
+
+    def _out_of_placement(self, stalled: frozenset[str], states: Mapping[int, str]) -> None:
+        """Dropped workers leave placement (TaskVine sends their blocked host nothing):
+        calls waiting for one of them, or for a rack with no other worker, go anywhere."""
+        topology, left = self.learned.topology, self.learned.network.out_of_placement
+        for known in list(topology.workers.values()):
+            if known.addrport in stalled:
+                left[known.addrport] = (known.id, known.rack)
+                topology.forget(known.id)
+        for addr in set(left) - set(self.learned.network.dropped):
+            del left[addr]  # taken back: placement learns it again from TaskVine or results
+        if not left:
+            return
+        ids = {wid for wid, _ in left.values()}
+        racks = {w.rack for w in topology.workers.values()}
+        empty = {rack for _, rack in left.values() if rack is not None and rack not in racks}
+        for call, entry in list(self.inflight.items()):
+            target = entry.target
+            if states.get(call) == TASK_READY and (target.worker in ids or target.rack in empty):
+                where = target.worker or f"rack {target.rack}"
+                self._withdraw(call, _Again(f"{where} was dropped for the network",
+                                            retry=False, anywhere=True))
+
+    def _say(self, findings: Iterable[Finding]) -> None:
+        self.summary.network.extend(f.as_dict() for f in findings)
 
     def _withdrawn(self, call: int) -> None:
         again = self.withdrawing.pop(call, None)
@@ -398,6 +464,8 @@ class RunState:
         if again.retry:
             self._retry(entry.bundle, again.reason, anywhere=True)
         else:
+            if again.anywhere:
+                self.dispatch.anywhere.update(entry.bundle.keys)
             self.planner.requeue(entry.bundle)
 
     def _forget(self, call: int, *, succeeded: bool = False) -> Inflight | None:
@@ -485,8 +553,11 @@ class RunState:
         reads = result.get("reads", ())
         files = {r["lfn"] for r in reads} | {logical_name(f) for f in bundle.files}
         known = self.learned.topology.learn(result.get("worker"), result.get("rack"), addrport,
-                                            files)
+                                            files, host=result.get("host"))
         self.summary.add_reads(reads, result.get("rack"))
+        if known is not None:
+            self._say(self.learned.network.reads(known.id, str(result.get("host", "")),
+                                                 reads, self.now, self.start))
         for r in reads:
             for server, _ in r.get("errors", ()):
                 if server != "origin":

@@ -11,6 +11,10 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# How near the bundles that read files were placed, best first (datavine.scheduler.placement):
+# on a worker that read their file, on their shard's host, in its rack, anywhere.
+PLACEMENT_TIERS = ("cached", "host", "rack", "anywhere")
+
 
 @dataclass
 class CategoryStats:
@@ -66,7 +70,9 @@ class RunSummary:
     (names or addresses) that left or were declared lost during the run; ``timeouts``: tasks
     stopped at their time limit; ``abandoned``: calls still running when the run ended (it
     failed), stopped by restarting the library; ``recomputed``: tasks run again because
-    values kept on a lost worker were needed; ``traffic``: where the values' bytes went.
+    values kept on a lost worker were needed; ``traffic``: where the values' bytes went;
+    ``placement``: bundles that read files, by how near they were placed
+    (:data:`PLACEMENT_TIERS`).
     """
 
     tasks: int = 0
@@ -89,6 +95,8 @@ class RunSummary:
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     completions: list[tuple[float, Hashable, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. why placement could not act
+    # network faults and what was done: worker, host, failed, done, at_s (scheduler/network.py)
+    network: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def tasks_per_s(self) -> float:
@@ -111,6 +119,12 @@ class RunSummary:
             stats.failovers += len(errors)
             stats.failover_errors.extend(f"{r.get('lfn')}: {s}: {e}" for s, e in errors)
 
+    def placement_line(self) -> str:
+        """Bundles per placement tier, best first (every tier, zeros too)."""
+        tiers = [*PLACEMENT_TIERS, *sorted(set(self.placement) - set(PLACEMENT_TIERS))]
+        return (f"{sum(self.placement.values())} bundles: "
+                + ", ".join(f"{t} {self.placement.get(t, 0)}" for t in tiers))
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (dataclasses.asdict cannot copy the defaultdicts)."""
         reads = self.reads
@@ -132,6 +146,7 @@ class RunSummary:
             "samples": [list(s) for s in self.samples],
             "completions": [(t, str(k), w) for t, k, w in self.completions],
             "notes": list(self.notes),
+            "network": [dict(n) for n in self.network],
         }
 
     def lines(self) -> list[str]:
@@ -145,9 +160,9 @@ class RunSummary:
             out.append(f"  {name:<18} {cat.tasks:>6} tasks {cat.seconds:6.1f} s "
                        f"{memory} MB{over}")  # fits 80 columns
         if self.placement:
-            out.append("  placement: " + ", ".join(f"{k} {v}" for k, v in
-                                                   sorted(self.placement.items())))
+            out.append("  placement: " + self.placement_line())
         out.extend(f"  note: {n}" for n in self.notes)
+        out.extend(f"  network: {network_line(n)}" for n in self.network)
         r = self.reads
         if r.opens:
             mb = 2**20
@@ -171,3 +186,11 @@ class RunSummary:
         if len(self.failures) > 10:
             out.append(f"  ... {len(self.failures) - 10} more failures (last_summary.failures)")
         return out
+
+
+def network_line(finding: Mapping[str, Any]) -> str:
+    """One network finding in words: which worker, what failed, what was done, when."""
+    worker, host = finding.get("worker", "?"), finding.get("host", "")
+    where = f"{worker} ({host})" if host and host != worker else str(worker)
+    return (f"{where}: {finding.get('failed', '?')}; {finding.get('done', '?')} "
+            f"(at {float(finding.get('at_s', 0.0)):.1f} s)")

@@ -1,0 +1,107 @@
+"""Each connected worker's library, from TaskVine's transactions log as it grows.
+
+TaskVine records when it sends a worker the library (``LIBRARY <id> SENT <worker>``), when
+the library answers (``STARTED``), and when its task ends (``TASK <id> DONE ...``); the
+Python bindings expose none of it. :class:`LibraryLog` reads the new lines at each look and
+keeps, per worker address, a :class:`datavine.scheduler.network.LibraryState` whose ``since``
+is the reader's clock when the line was read (within a second of TaskVine writing it), so a
+library "sent" and never started is seen by :class:`datavine.scheduler.network.NetworkWatch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from datavine.scheduler.network import (
+    LIBRARY_ENDED,
+    LIBRARY_SENT,
+    LIBRARY_STARTED,
+    LibraryState,
+)
+
+_LIBRARY_STATES = {b"SENT": LIBRARY_SENT, b"STARTED": LIBRARY_STARTED,
+                   b"FAILURE": LIBRARY_ENDED}
+
+
+def library_event(line: bytes) -> tuple[str, str, str] | None:
+    """What a transactions-log line says of workers and libraries (pure):
+    ``("connect", worker id, address)``, ``("disconnect", worker id, "")``,
+    ``(state, library task id, worker id)`` for a LIBRARY line, ``("done", task id, "")``
+    for a task that ended (a library's or not); None for any other line."""
+    fields = line.split()  # time pid KIND ...
+    if len(fields) < 5 or fields[0].startswith(b"#"):
+        return None
+    kind = fields[2]
+    if kind == b"WORKER" and fields[4] == b"CONNECTION" and len(fields) >= 6:
+        return "connect", fields[3].decode(), fields[5].decode()
+    if kind == b"WORKER" and fields[4] == b"DISCONNECTION":
+        return "disconnect", fields[3].decode(), ""
+    if kind == b"LIBRARY" and fields[4] in _LIBRARY_STATES and len(fields) >= 6:
+        return _LIBRARY_STATES[fields[4]], fields[3].decode(), fields[5].decode()
+    if kind == b"TASK" and fields[4] == b"DONE":
+        return "done", fields[3].decode(), ""
+    return None
+
+
+class LibraryLog:
+    """Library states by worker address, from the transactions log at ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.address: dict[str, str] = {}  # TaskVine worker id -> address (host:port)
+        self.library_on: dict[str, str] = {}  # library task id -> worker id
+        self.states: dict[str, LibraryState] = {}  # address -> its library
+        self.hosts: dict[str, str] = {}  # address -> host name, as the runtime learns them
+
+    def read(self, now: float) -> dict[str, LibraryState]:
+        """The states after the lines written since the last read (``now``: the caller's
+        clock, recorded as the time of each change)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return self.states
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        for line in lines:
+            event = library_event(line)
+            if event is not None:
+                self._apply(event, now)
+        return self.states
+
+    def _apply(self, event: tuple[str, str, str], now: float) -> None:
+        what, first, second = event
+        if what == "connect":
+            self.address[first] = second
+        elif what == "disconnect":
+            address = self.address.pop(first, None)
+            if address is not None:
+                self.states.pop(address, None)
+                self.hosts.pop(address, None)
+        elif what == "done":
+            worker = self.library_on.pop(first, None)
+            address = self.address.get(worker or "")
+            if address is not None and address in self.states:
+                self.states[address] = LibraryState(LIBRARY_ENDED, now,
+                                                    self.hosts.get(address, ""))
+        else:  # a library's state on a worker
+            self.library_on[first] = second
+            address = self.address.get(second)
+            if address is not None:
+                self.states[address] = LibraryState(what, now, self.hosts.get(address, ""))
+
+    def missing_hosts(self) -> bool:
+        return any(address not in self.hosts for address in self.states)
+
+    def name_hosts(self, hosts: Mapping[str, str]) -> None:
+        """Host names by address (TaskVine's worker list): filled into the states."""
+        for address, state in list(self.states.items()):
+            host = hosts.get(address)
+            if host:
+                self.hosts[address] = host
+                if state.host != host:
+                    self.states[address] = LibraryState(state.state, state.since, host)
