@@ -98,9 +98,13 @@ class Cluster:
         """Subclasses start their workers here."""
 
     def _wait_ready(self) -> None:
-        """Wait for ``min_workers`` (NoWorkersError after ``connect_timeout_s``)."""
+        """Wait for ``min_workers`` (NoWorkersError after ``connect_timeout_s``), then start
+        the library on each that has a name (they say it when they connect: a pool's, or
+        ``vine_worker --feature worker:NAME`` by hand), so that the first run does not pay
+        for library starts, as it does not pay for pool starts."""
         if self.min_workers:
             self._rt.wait_for_workers(self.min_workers, self.connect_timeout_s)
+            self._rt.warm_connected(self.connect_timeout_s)
 
     def _alive(self) -> set[str]:
         """Names of the workers this cluster started that still run (none here)."""

@@ -377,6 +377,15 @@ class Runtime:
                                         getattr(task, "addrport", None))  # named pool workers
         return answered
 
+    def warm_connected(self, timeout_s: float) -> set[tuple[str, int]]:
+        """:meth:`warm_up` every connected worker that said its name (``worker:``) when it
+        connected: learned from TaskVine's worker list, read now."""
+        self._last_status, self._worker_counters = 0.0, None
+        self.drop_lost_workers()
+        named = {w.id: max(1, w.cores) for w in self.topology.workers.values()
+                 if w.named and w.addrport}
+        return self.warm_up(named, timeout_s) if named else set()
+
     def close(self) -> None:
         """Shut the manager down now (not whenever the garbage collector gets to it)."""
         manager = getattr(self, "_m", None)
