@@ -79,13 +79,22 @@ def test_a_worker_on_the_shards_host_comes_between_cached_and_rack() -> None:
     assert "a1.box" in p.reason
 
 
-def test_a_busy_worker_on_the_host_is_waited_for_as_long_as_a_cached_one() -> None:
+def test_a_busy_worker_on_the_shard_host_is_not_waited_for_when_its_rack_has_room() -> None:
+    """The shard's host is preferred among free workers, never waited for: a rack's other
+    hosts read the shard over the same switch (waiting would funnel the rack's work onto
+    the host that runs its shard, seen in the facility model and on the box)."""
     task = _task(("/a.root", "A"), hosts={"/a.root": "a1.box"})
     workers = [WorkerView("h", "A", 0, host="a1.box"), WorkerView("r", "A", 1, host="a2.box")]
-    held = decide(task, workers, waited_s=0.5, policy=POLICY)
-    assert (held.action, held.tier, held.retry_after_s) == ("hold", Tier.HOST, 0.5)
-    p = decide(task, workers, waited_s=1.0, policy=POLICY)
+    p = decide(task, workers, waited_s=0.0, policy=POLICY)
     assert (p.action, p.tier, p.workers) == ("run", Tier.RACK, ("r",))
+    free_host = [WorkerView("h", "A", 1, host="a1.box"), WorkerView("r", "A", 1, host="a2.box")]
+    p = decide(task, free_host, waited_s=0.0, policy=POLICY)
+    assert (p.action, p.tier, p.workers) == ("run", Tier.HOST, ("h",))
+    # a worker that read the file is still worth a short wait
+    cached = [WorkerView("c", "A", 0, frozenset({"/a.root"}), host="a2.box"),
+              WorkerView("r", "A", 1, host="a3.box")]
+    held = decide(task, cached, waited_s=0.5, policy=POLICY)
+    assert (held.action, held.tier, held.retry_after_s) == ("hold", Tier.CACHED, 0.5)
     # only rackless workers on the host are near: held up to max_wait_s, then anywhere
     rackless = [WorkerView("h", None, 0, host="a1.box"), WorkerView("f", "B", 1)]
     assert decide(task, rackless, waited_s=3.0, policy=POLICY).action == "hold"

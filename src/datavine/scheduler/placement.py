@@ -192,7 +192,11 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
     # The tier we still insist on, given how long the task has waited.
     cache_wait_s = min(policy.cache_wait_s, policy.max_wait_s)
     if waited_s < cache_wait_s:
-        wanted = best_connected
+        # Only a worker that read the files is worth a short wait. The shard's host is not:
+        # its rack's other hosts read the shard over the same switch, and waiting for it
+        # would funnel a rack's work onto the one host that runs its shard.
+        wanted = best_connected if best_connected == Tier.CACHED else min(best_connected,
+                                                                          Tier.RACK)
     elif waited_s < policy.max_wait_s and any(s.rack_files or s.host_files
                                                for s in scores.values()):
         wanted = min(best_connected, Tier.RACK)  # the rack, or better
