@@ -233,7 +233,7 @@ def serve_files(stack: contextlib.ExitStack, config: ScaleTestConfig,
     folder, served = stack.enter_context(readable_folder(local[0].parent, local, user))
     racks = [("A", "B")[i % 2] for i in range(config.xcache_shards)]
     testbed = stack.enter_context(XCacheTestbed(folder, n_shards=config.xcache_shards,
-                                                racks=racks))
+                                                racks=racks, monitor=False))  # unread: no UDP
     return testbed.shard_map(), [origin_url(p, folder, testbed.origin_url) for p in served]
 
 
