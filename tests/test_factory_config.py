@@ -311,3 +311,14 @@ def test_status_query_to_nobody_names_the_address() -> None:
         port = s.getsockname()[1]  # closed again: nothing listens
     with pytest.raises(ManagerQueryError, match=f"127.0.0.1:{port}"):
         connected_workers("127.0.0.1", port, timeout_s=1)
+
+
+def test_a_local_pool_for_a_loopback_manager_listens_on_loopback_only() -> None:
+    from datavine.deploy.pools.cli import local_transfer_address
+
+    assert local_transfer_address("local", "127.0.0.1") == "127.0.0.1"
+    assert local_transfer_address("local", "localhost") == "127.0.0.1"
+    assert local_transfer_address("local", "mgr.box") is None  # peers on other hosts
+    assert local_transfer_address("condor", "127.0.0.1") is None  # where the job lands
+    cfg = FactoryConfig("127.0.0.1", 9123, batch="local", transfer_address="127.0.0.1")
+    assert cfg.worker_options() == "--transfer-address 127.0.0.1"

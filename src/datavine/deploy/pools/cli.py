@@ -27,6 +27,15 @@ from datavine.deploy.pools.state import default_pool_dir, list_states
 Handler = Callable[[argparse.Namespace], int]
 
 
+def local_transfer_address(batch: str, manager_host: str) -> str | None:
+    """Where a pool's workers' transfer servers listen: a local pool for a manager on
+    loopback listens on loopback too (nothing open beyond this host); elsewhere on every
+    interface of the worker's host, where its peers reach it."""
+    from datavine.scheduler.racks import is_loopback
+
+    return "127.0.0.1" if batch == "local" and is_loopback(manager_host) else None
+
+
 def _manager(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -130,7 +139,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         features=tuple(args.feature), rack=rack, named=not args.anonymous,
         password_file=args.password.resolve() if args.password else None, ssl=args.ssl,
         idle_timeout_s=args.idle_timeout, factory_period_s=args.factory_period,
-        extra_condor_submit=tuple(args.condor_submit), debug_workers=args.debug_workers)
+        extra_condor_submit=tuple(args.condor_submit), debug_workers=args.debug_workers,
+        transfer_address=local_transfer_address(args.batch, host))
     pool = pool_class(args.batch)(cfg, name=args.name or "default", pool_dir=_pool_dir(args))
     pool.start(detach=True)
     print(f"pool {pool.name!r} started: vine_factory pid {pool.pid} ({args.batch}), "
