@@ -321,4 +321,4 @@ def test_a_local_pool_for_a_loopback_manager_listens_on_loopback_only() -> None:
     assert local_transfer_address("local", "mgr.box") is None  # peers on other hosts
     assert local_transfer_address("condor", "127.0.0.1") is None  # where the job lands
     cfg = FactoryConfig("127.0.0.1", 9123, batch="local", transfer_address="127.0.0.1")
-    assert cfg.worker_options() == "--transfer-address 127.0.0.1"
+    assert cfg.worker_options == "--transfer-address 127.0.0.1"
