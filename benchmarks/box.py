@@ -353,14 +353,13 @@ def plot(runs: list[BoxRun], args: argparse.Namespace, path: Path) -> None:
             ("near fraction (bytes)", lambda r: r.near_fraction or 0.0)), strict=True):
         for i, mode in enumerate(MODES):
             vals = [value(r) for r in ok if r.mode == mode]
-            ax.bar([i], [max(vals) if vals and title.startswith("events") else
-                         (min(vals) if vals else 0)], color=colours[mode])
+            ax.bar([i], [statistics.median(vals) if vals else 0], color=colours[mode])
             ax.scatter([i] * len(vals), vals, color="black", s=10, zorder=3)
         ax.set_xticks(range(len(MODES)), MODES)
         ax.set_title(title, fontsize=10)
     fig.suptitle(f"The box: {args.racks} racks x {args.hosts_per_rack} hosts, inter-rack "
                  f"{args.link_mbit:g} Mbit/s, {args.files} x {args.events:,} events (zstd), "
-                 "fresh box per run", fontsize=10)
+                 "fresh box per run (bars: medians, dots: runs)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
