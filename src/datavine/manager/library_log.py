@@ -94,6 +94,10 @@ class LibraryLog:
             if address is not None:
                 self.states[address] = LibraryState(what, now, self.hosts.get(address, ""))
 
+    def connected(self) -> set[str]:
+        """Addresses of the workers connected, as far as the log was read."""
+        return set(self.address.values())
+
     def missing_hosts(self) -> bool:
         return any(address not in self.hosts for address in self.states)
 

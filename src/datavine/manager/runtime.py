@@ -45,7 +45,7 @@ from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import CostModel
 from datavine.scheduler.labels import worker_feature
 from datavine.scheduler.memory import MemoryState
-from datavine.scheduler.network import LibraryState
+from datavine.scheduler.network import LibraryState, overdue
 from datavine.scheduler.run_state import Learned
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Topology
@@ -354,17 +354,22 @@ class Runtime:
         self._warm = dict(workers)
         library = self.ensure_library()
         payload = self.dumps({"nodes": [], "inputs": {}, "outputs": [], "categories": {}})
-        pending = set()
+        warming: dict[int, str] = {}  # call -> its worker
         for worker, cores in workers.items():
             for _ in range(cores):
                 call = self.vine.FunctionCall(library, "run_bundle", payload, None,
                                               tuple(self.run_config.preload))
                 call.set_cores(1)
                 call.add_feature(worker_feature(worker))
-                pending.add(self._m.submit(call))
+                warming[self._m.submit(call)] = worker
+        pending = set(warming)
         deadline = time.monotonic() + timeout_s
         answered: set[tuple[str, int]] = set()
+        looked = time.monotonic()
         while pending and time.monotonic() < deadline:
+            if time.monotonic() - looked >= 1.0:  # workers gone or cut off: not waited for
+                looked = time.monotonic()
+                pending -= self._warm_given_up({t: warming[t] for t in pending})
             task = self._m.wait(1)
             if task is None:  # a quiet second: has the library been dying meanwhile?
                 self.check_library()
@@ -376,6 +381,23 @@ class Runtime:
                     self.topology.learn(result.get("worker"), result.get("rack"),
                                         getattr(task, "addrport", None))  # named pool workers
         return answered
+
+    def _warm_given_up(self, pending: Mapping[int, str]) -> set[int]:
+        """Warm-up calls not worth waiting for, cancelled: their worker left, or its library
+        was sent and has not started within ``RunConfig.library_start_timeout_s`` (a peer
+        it cannot reach: the run's network watch drops it, scheduler/network.py)."""
+        now = time.monotonic()
+        states = self.library_states(now)
+        late = overdue(states, now, self.run_config.library_start_timeout_s)
+        connected = self.libraries.connected()
+        address = {w.id: w.addrport for w in self.topology.workers.values()}
+        given_up = {task for task, worker in pending.items()
+                    if (addr := address.get(worker)) is not None
+                    and (addr in late or (connected and addr not in connected))}
+        for task in given_up:
+            with contextlib.suppress(Exception):
+                self._m.cancel_by_task_id(task)
+        return given_up
 
     def warm_connected(self, timeout_s: float) -> set[tuple[str, int]]:
         """:meth:`warm_up` every connected worker that said its name (``worker:``) when it

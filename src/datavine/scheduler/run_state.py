@@ -435,7 +435,7 @@ class RunState:
         """Dropped workers leave placement (TaskVine sends their blocked host nothing):
         calls waiting for one of them, or for a rack with no other worker, go anywhere."""
         topology, left = self.learned.topology, self.learned.network.out_of_placement
-        for known in list(topology.workers.values()):
+        for known in list(topology.workers.values()) if stalled else ():
             if known.addrport in stalled:
                 left[known.addrport] = (known.id, known.rack)
                 topology.forget(known.id)
