@@ -11,7 +11,11 @@ a fresh box (cold caches, new workers, counters from zero) and runs ``datavine r
 - ``datavine``: placement near the data (the workers say their racks when they connect);
 - ``blind``: ``[placement] enabled = false`` (TaskVine places bundles anywhere);
 - ``peers-cut``: datavine with the racks unable to reach each other (blackhole routes:
-  a firewall that drops; the manager host and the origin still reachable).
+  a firewall that drops; the manager host and the origin still reachable);
+- ``peers-cut-fallback`` (once per repeat, ``--no-fallback`` skips it): the same with the
+  library's files fetched from peers (``library_from_peers = true``, TaskVine's way) and
+  ``library_start_timeout_s = 5``: the safety net drops the worker that cannot start its
+  library, and the summary's ``network:`` lines say which worker and what was done.
 
 Per run: events/s, the near fraction by bytes (datavine's accounting of each read), the
 bytes that crossed racks by the kernel's counters on the spine and by datavine's own count
@@ -22,6 +26,7 @@ each is compared. Last line: ``throughput_ratio`` (datavine / blind events/s),
 ``interrack_bytes_ratio`` (datavine / blind, kernel), ``near_fraction`` (datavine),
 ``accounting_ratio`` (datavine's far bytes / the kernel's inter-rack bytes, blind runs:
 the ones with far bytes to count), ``peers_cut_slowdown`` (peers-cut / datavine wall time),
+``fallback_slowdown`` and ``fallback_said`` (the safety net's run),
 ``prediction_ratio_time`` (model / box, the median of the datavine and blind ratios, each
 against that mode's median run) and ``prediction_ratio_bytes`` (blind's inter-rack bytes,
 model / median run).
@@ -52,8 +57,12 @@ from datavine.deploy.box.facility import bring_up, start_workers, take_down
 from datavine.deploy.box.net import Box, box_missing
 from datavine.deploy.box.plan import BoxSpec
 from datavine.io.datagen import generate_dataset
+from datavine.scheduler.summary import network_line
 
 MODES = ("datavine", "blind", "peers-cut")
+# the safety net, shown once per repeat: the library's files from peers (as TaskVine does by
+# default), so a worker in a cut rack cannot start it; dropped after the bound
+FALLBACK = "peers-cut-fallback"
 DATAVINE = str(Path(sys.executable).parent / "datavine")
 
 
@@ -84,6 +93,8 @@ def facility_for(box: Box, mode: str) -> Path:
     text = (box.dir / "facility.toml").read_text()
     if mode == "blind":
         text += "\n[placement]\nenabled = false\n"
+    if mode == FALLBACK:
+        text += "\n[run]\nlibrary_from_peers = true\nlibrary_start_timeout_s = 5\n"
     path = box.dir / f"facility-{mode}.toml"
     path.write_text(text)
     return path
@@ -102,7 +113,7 @@ def run_on_box(args: argparse.Namespace, data: Path, mode: str, workdir: Path) -
         n_workers = args.racks * args.hosts_per_rack
         if args.workers == "hand":
             start_workers(box)
-        if mode == "peers-cut":
+        if mode in ("peers-cut", FALLBACK):
             box.cut_racks("blackhole")
         record = box.dir / f"run-{mode}.json"
         argv = [DATAVINE, "run", "--facility", str(facility), "--data", str(data),
@@ -136,6 +147,7 @@ def fill(run: BoxRun, record: dict[str, Any]) -> None:
     run.placement = dict(summary.get("placement") or {})
     run.bundles_by_worker = {str(k): int(v) for k, v in (summary.get("hosts") or {}).items()}
     run.notes = [str(n) for n in summary.get("notes") or []]
+    run.notes += [f"network: {network_line(f)}" for f in summary.get("network") or []]
 
 
 def best(runs: list[BoxRun], mode: str) -> BoxRun | None:
@@ -244,6 +256,8 @@ def main() -> int:
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--no-scale-test", action="store_true")
     parser.add_argument("--no-coffea", action="store_true")
+    parser.add_argument("--no-fallback", dest="fallback", action="store_false",
+                        help=f"skip the {FALLBACK!r} runs (the safety net's cost)")
     parser.add_argument("--png", type=Path, default=common.REPO / "benchmarks" / "figures"
                         / "box.png")
     args = parser.parse_args()
@@ -271,7 +285,7 @@ def main() -> int:
 
     runs: list[BoxRun] = []
     for repeat in range(args.repeats):
-        for mode in MODES:
+        for mode in (*MODES, *((FALLBACK,) if args.fallback else ())):
             t0 = time.monotonic()
             run = run_on_box(args, data, mode, workdir)
             runs.append(run)
@@ -293,11 +307,17 @@ def main() -> int:
     accounting = (statistics.median(r.far_bytes / r.interrack_bytes for r in blind_ok)
                   if blind_ok else None)
     slowdown = div(cut.wall_s if cut else None, dv.wall_s if dv else None)
+    fallback = best(runs, FALLBACK)
     pairs: dict[str, Any] = {
         "throughput_ratio": fmt(throughput_ratio), "interrack_bytes_ratio": fmt(interrack_ratio),
         "near_fraction": fmt(dv.near_fraction if dv else None),
         "accounting_ratio": fmt(accounting), "peers_cut_slowdown": fmt(slowdown),
     }
+    if args.fallback:
+        pairs["fallback_slowdown"] = fmt(div(fallback.wall_s if fallback else None,
+                                             dv.wall_s if dv else None))
+        pairs["fallback_said"] = bool(fallback and any(n.startswith("network:")
+                                                       for n in fallback.notes))
     if "error" not in prediction:
         # against the median run of each mode: the best blind run is also the one that
         # happened to read most near (TaskVine's choices), so it is no fair comparison
