@@ -223,3 +223,13 @@ def test_deciding_on_the_near_workers_is_deciding_on_all(
     on_near, on_all = decide(task, near, waited), decide(task, every, waited)
     assert (on_near.action, on_near.tier, on_near.workers, on_near.rack) == (
         on_all.action, on_all.tier, on_all.workers, on_all.rack)
+
+
+def test_a_worker_that_left_is_named_once() -> None:
+    topo = Topology(here="mgr.box")
+    topo.announce("w-a1", "A", 1)
+    topo.learn("w-a1", "A", "198.18.11.11:4000")
+    assert topo.forget_missing(set()) == ["w-a1"]
+    # the run reports the name, whether it learned of the departure by name or by address
+    assert {"w-a1"} | {topo.who_left("198.18.11.11:4000")} == {"w-a1"}
+    assert topo.who_left("198.18.11.11:4000") == "198.18.11.11:4000"  # reported already

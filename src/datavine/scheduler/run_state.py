@@ -377,7 +377,9 @@ class RunState:
         that left are made again."""
         self.summary.samples.append((round(sample.now - self.start, 3), sample.workers,
                                      sample.cores))
-        self.summary.lost_workers.extend(sorted(sample.gone | sample.lost_addr))
+        topology = self.learned.topology
+        self.summary.lost_workers.extend(sorted(
+            set(sample.gone) | {topology.who_left(a) for a in sample.lost_addr}))
         if sample.lost_addr:
             self._recover(self.kept.lost_on(set(sample.lost_addr)))
         # TaskVine's log names the calls it put back with a new attempt; a call seen running

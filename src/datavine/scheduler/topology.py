@@ -116,6 +116,7 @@ class Topology:
         self.racks = racks
         self.here = normal_host(here)
         self.workers: dict[str, KnownWorker] = {}
+        self.departed: dict[str, str] = {}  # address -> name of workers that left, unreported
         self.inflight: Counter[Target] = Counter()
         self._per_worker: Counter[str] = Counter()  # in flight to one named worker
         self._per_rack: Counter[str] = Counter()  # in flight to a rack
@@ -264,7 +265,13 @@ class Topology:
         known = self._drop(worker_id)
         if known is not None and known.addrport is not None:
             self._settled.discard(known.addrport)
+            self.departed[known.addrport] = known.id  # a report names it once, not twice
         return known
+
+    def who_left(self, addrport: str) -> str:
+        """The worker that was at ``addrport`` when it left (its name), else the address;
+        asked once per departure."""
+        return self.departed.pop(addrport, addrport)
 
     def _drop(self, worker_id: str) -> KnownWorker | None:
         known = self.workers.pop(worker_id, None)
