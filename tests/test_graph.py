@@ -34,13 +34,17 @@ def test_collection_graph_matches_its_keys() -> None:
 
 def test_pack_results_keeps_nesting() -> None:
     values = {"a": 1, "b": 2, "c": 3}
-    assert graph.pack_results([["a", "b"], ["c"]], values) == [[1, 2], [3]]
+    assert graph.pack_results([["a", "b"], ["c"]], values) == ((1, 2), (3,))
     assert graph.pack_results("a", values) == 1
+    assert graph.pack_results([], values) == ()
 
 
-def test_missing_key_is_named() -> None:
+def test_missing_key_is_named_and_a_key_error() -> None:
     with pytest.raises(graph.GraphError, match="missing"):
         graph.build({"a": 1}, ["missing"])
+    with pytest.raises(KeyError) as err:  # what dask's own schedulers raise
+        graph.build({"a": 1}, [["missing"], "a"])
+    assert str(err.value) == "requested key(s) not in the graph: ['missing']"
 
 
 def test_scheduler_receives_what_dask_version_gives() -> None:

@@ -24,6 +24,13 @@ class GraphError(ValueError):
     """The graph handed to datavine is malformed; the message names the key at fault."""
 
 
+class MissingKeyError(GraphError, KeyError):
+    """A requested key is not in the graph: a ``KeyError``, as dask's schedulers raise."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass
 class TaskGraph:
     """A culled DAG ready for scheduling.
@@ -77,7 +84,7 @@ def build(dsk: Any, keys: Any) -> TaskGraph:
     nodes = convert_legacy_graph(dict(to_mapping(dsk)))
     missing = [k for k in outputs if k not in nodes]
     if missing:
-        raise GraphError(f"requested key(s) not in the graph: {missing[:5]}")
+        raise MissingKeyError(f"requested key(s) not in the graph: {missing[:5]}")
     needed = _cull(nodes, outputs)
     dependencies = {k: frozenset(nodes[k].dependencies) for k in needed}
     dependents: dict[Key, set[Key]] = {k: set() for k in needed}
@@ -104,9 +111,10 @@ def _cull(nodes: Mapping[Key, GraphNode], outputs: Iterable[Key]) -> set[Key]:
 
 
 def pack_results(keys: Any, values: Mapping[Key, Any]) -> Any:
-    """Arrange ``values`` in the nested structure of ``keys``, as dask's schedulers return."""
+    """Arrange ``values`` in the nested structure of ``keys`` as dask's schedulers return
+    it: a list of keys gives a tuple of values, nested lists nested tuples."""
     if isinstance(keys, list):
-        return [pack_results(k, values) for k in keys]
+        return tuple(pack_results(k, values) for k in keys)
     return values[keys]
 
 
