@@ -241,3 +241,33 @@ def test_a_fault_that_never_struck_is_not_recovered() -> None:
     late.cancel()  # the run ended first
     time.sleep(0.05)
     assert late.verdict(True, "result correct")[0] is False
+
+
+def test_handlers_set_in_the_main_thread_can_be_closed_from_another() -> None:
+    """A cluster closed by the garbage collector on another thread exits the block there:
+    no ValueError (the handler stays: only the main thread can change it)."""
+    import signal
+    import threading
+
+    from datavine.deploy.signals import terminate_gracefully
+
+    before = signal.getsignal(signal.SIGTERM)
+    block = terminate_gracefully()
+    block.__enter__()
+    assert signal.getsignal(signal.SIGTERM) is not before
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            block.__exit__(None, None, None)
+        except BaseException as exc:  # pragma: no cover - what the test guards against
+            errors.append(exc)
+
+    t = threading.Thread(target=close)
+    t.start()
+    t.join(10)
+    assert not errors
+    signal.signal(signal.SIGTERM, before)
+    with terminate_gracefully():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before

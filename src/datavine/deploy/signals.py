@@ -76,13 +76,16 @@ def terminate_gracefully() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    at_entry = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    for sig, current in at_entry.items():
-        if current in (signal.SIG_DFL, None):
-            signal.signal(sig, _raise_terminated)
+    ours = [sig for sig in SIGNALS if signal.getsignal(sig) in (signal.SIG_DFL, None)]
+    for sig in ours:
+        signal.signal(sig, _raise_terminated)
     try:
         yield
     finally:
-        if not _pending:  # else a Terminated unwinds: SIG_IGN stays while it cleans up
-            for sig, handler in at_entry.items():
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        # Give back only what this block set, and only from the main thread: a cluster
+        # closed by the garbage collector on another thread cannot (signal.signal raises
+        # there); its handler then stays, raising Terminated as the block would have.
+        if not _pending and threading.current_thread() is threading.main_thread():
+            for sig in ours:  # else a Terminated unwinds: SIG_IGN stays while it cleans up
+                if signal.getsignal(sig) is _raise_terminated:
+                    signal.signal(sig, signal.SIG_DFL)
