@@ -161,6 +161,7 @@ class Box:
         stopped = 0
         for service in self._state.get("services", []):
             stopped += stop_session(int(service["pid"]), grace_s=5.0)
+        self._state["services"] = []  # a second down() must not signal reused PIDs
         ours = set(self.plan.namespaces) & existing_namespaces()
         for ns in ours:  # anything else still running inside the box's own namespaces
             stopped += self._kill_namespace_processes(ns)
