@@ -93,3 +93,32 @@ def test_blind_placement_crosses_racks_and_the_counts_agree(make_box: Callable[.
     if reads["far_bytes"] == 0:
         pytest.skip("placement off happened to put every chunk near its shard this time")
     assert 0.9 <= reads["far_bytes"] / crossed <= 1.1, (reads["far_bytes"], crossed)
+
+
+def test_pools_started_on_their_own_hosts_say_their_racks(make_box: Callable[..., Box],
+                                                          box_data: Path) -> None:
+    """The issue's case: `datavine pool start --batch local --rack R` run on each rack host
+    with a pool folder of its own (execute nodes share no files with the manager): the
+    manager learns each worker's rack when it connects, so no chunk goes "anywhere"."""
+    from datavine.deploy.box.facility import password_file
+
+    box = make_box(racks=2, hosts_per_rack=1, data=box_data)
+    datavine = str(Path(sys.executable).parent / "datavine")
+    pools = {h: box.dir / f"pools-{h}" for h in ("a1", "b1")}
+    try:
+        for host, folder in pools.items():
+            box.run(host, [datavine, "pool", "start", "--batch", "local", "--workers", "1",
+                           "--rack", host[0].upper(), "--manager", "mgr.box:9123",
+                           "--password", str(password_file(box)), "--name", f"rack-{host}",
+                           "--pool-dir", str(folder)], timeout_s=60)
+        record = run_on_manager_host(box, box_data, box.dir / "facility.toml",
+                                     "--pool-workers", "2")
+    finally:
+        for host, folder in pools.items():
+            box.run(host, [datavine, "pool", "stop", "--name", f"rack-{host}", "--pool-dir",
+                           str(folder)], timeout_s=60, check=False)
+    summary = record["summary"]
+    assert record["events"] == FILES * EVENTS
+    assert set(summary["hosts"]) == {"a1.box", "b1.box"}
+    assert summary["placement"].get("anywhere", 0) == 0, summary["placement"]
+    assert summary["reads"]["near_fraction"] == 1.0
