@@ -19,6 +19,23 @@ from datavine.deploy.box.net import NETNS_ETC, Box, box_missing, existing_namesp
 from datavine.deploy.box.plan import BoxSpec
 
 _counter = iter(range(1, 10_000))
+BOX_FILES, BOX_EVENTS = 4, 50_000  # the box tests' data: a few seconds of analysis
+
+
+@pytest.fixture(scope="session")
+def box_data() -> Iterator[Path]:
+    """``BOX_FILES`` generated NanoAOD-like ZSTD files of ``BOX_EVENTS`` events, in a folder
+    the xrootd user can read (the box's origin serves it)."""
+    from datavine.io.datagen import generate_dataset
+
+    root = Path(tempfile.mkdtemp(prefix="datavine-box-data-"))
+    root.chmod(0o755)
+    try:
+        for p in generate_dataset(root, BOX_FILES, BOX_EVENTS, "zstd"):
+            p.chmod(0o644)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def require_box() -> None:

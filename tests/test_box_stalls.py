@@ -9,29 +9,20 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from datavine.deploy.box.net import Box
+from tests.fixtures_box import BOX_EVENTS as EVENTS
+from tests.fixtures_box import BOX_FILES as FILES
 
 pytestmark = [pytest.mark.box, pytest.mark.taskvine, pytest.mark.xcache]
 
-FILES, EVENTS = 4, 50_000
+
 BOUND_S = 100  # the whole run; TCP gives a peer that drops up to ~130 s
 
-
-@pytest.fixture(scope="module")
-def box_data() -> Path:
-    from datavine.io.datagen import generate_dataset
-
-    root = Path(tempfile.mkdtemp(prefix="datavine-box-stalls-"))
-    files = generate_dataset(root, FILES, EVENTS, "zstd")
-    for p in [root, *files]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    return root
 
 
 def run_cut(box: Box, data: Path, run_settings: str = "") -> dict:
