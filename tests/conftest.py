@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,9 @@ pytest_plugins = ["tests.fixtures_xcache", "tests.fixtures_box"]
 cloudpickle.register_pickle_by_value(tests)
 
 HAVE_TASKVINE = importlib.util.find_spec("ndcctools") is not None
+# The suite's clusters start no live view (a Bokeh process each) unless a test asks for one
+# (LocalCluster(dashboard=True): tests/test_dashboard_browser.py).
+os.environ.setdefault("DATAVINE_DASHBOARD", "0")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

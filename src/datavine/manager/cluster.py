@@ -14,11 +14,17 @@ While a cluster is open, SIGTERM and SIGHUP end the program as cleanly as Ctrl-C
 local workers and removes the run directory that the cluster made (:mod:`datavine.deploy.reaper`).
 A run directory the cluster made itself (no ``ManagerConfig.run_dir`` given) is removed
 when it closes.
+
+Each cluster serves a live view of its runs (:mod:`datavine.dashboard`) at
+``cluster.dashboard_url`` (127.0.0.1 unless ``dashboard=DashboardConfig(address=...)``,
+which then takes an access token); ``dashboard=False`` (or ``DATAVINE_DASHBOARD=0``) starts
+none. ``cluster.save_report(path)`` saves the last run's view as one HTML file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import shutil
 import tempfile
@@ -28,12 +34,16 @@ from types import TracebackType
 from typing import Any
 
 from datavine.config import LocalWorkersConfig, ManagerConfig, RunConfig
+from datavine.dashboard.events import NO_SINK
+from datavine.dashboard.launch import Dashboard, DashboardConfig, dashboard_config
 from datavine.deploy.local_workers import LocalWorkers, local_worker_id
 from datavine.deploy.reaper import reaper
 from datavine.deploy.signals import terminate_gracefully
 from datavine.manager.environment import PackedEnv
 from datavine.manager.runtime import Runtime
 from datavine.scheduler.labels import rack_of
+
+log = logging.getLogger("datavine")
 
 
 def make_password_file(directory: Path) -> Path:
@@ -50,7 +60,8 @@ class Cluster:
 
     def __init__(self, manager: ManagerConfig | None = None, run: RunConfig | None = None,
                  *, min_workers: int = 0, connect_timeout_s: float = 60.0,
-                 environment: PackedEnv | None = None) -> None:
+                 environment: PackedEnv | None = None,
+                 dashboard: bool | DashboardConfig | None = None) -> None:
         self._own_run_dir: Path | None = None
         if manager is None:
             self._own_run_dir = Path(tempfile.mkdtemp(prefix="datavine-"))
@@ -65,6 +76,9 @@ class Cluster:
         self.connect_timeout_s = connect_timeout_s
         self.environment = environment
         self.runtime: Runtime | None = None
+        self.dashboard_config = dashboard_config(dashboard)
+        self.dashboard: Dashboard | None = None
+        self.dashboard_error: str | None = None  # why there is no view, when asked for one
         self._open = contextlib.ExitStack()  # signal handlers while the cluster is open
 
     @property
@@ -88,11 +102,68 @@ class Cluster:
             reaper().add_path(self._own_run_dir)
             if not self.password_file.exists():  # started again after a close
                 make_password_file(self._own_run_dir)
+        self._start_dashboard()
         self.runtime = Runtime(self.manager_config, self.run_config, liveness=self._alive,
                                environment=self.environment)
+        if self.dashboard is not None:
+            self.runtime.event_sink = self.dashboard.sink
         self._start_workers()
+        self._publish_processes()
         self._wait_ready()
+        self._dashboard_ready()
         return self
+
+    # --- the live view (datavine.dashboard) ----------------------------------------------------
+    def _start_dashboard(self) -> None:
+        """Start the view's server first: it gets ready while the workers connect."""
+        from datavine.dashboard.launch import dashboard_missing
+
+        self.dashboard = None
+        if self.dashboard_config is None:
+            return
+        why = dashboard_missing()
+        if why:
+            log.info("datavine: no dashboard: %s", why)
+            self.dashboard_error = why
+            return
+        self.dashboard = Dashboard(Path(self.manager_config.run_dir) / "dashboard",
+                                   self.dashboard_config)
+        self.dashboard.start()
+
+    def _publish_processes(self) -> None:
+        """Workers started here, by name and PID (the view reads their memory and CPU)."""
+        pids = self._worker_pids()
+        if self.dashboard is not None and pids:
+            self.dashboard.sink.local_processes(pids)
+
+    def _worker_pids(self) -> dict[str, int]:
+        return {}
+
+    def _dashboard_ready(self) -> None:
+        """Wait (bounded) for the view's server; tell it the pool as it is now."""
+        if self.dashboard is None:
+            return
+        if self.dashboard.wait_ready() is None:
+            self.dashboard_error = self.dashboard.error
+            log.warning("datavine: no dashboard: %s", self.dashboard.error)
+            self.dashboard.close()
+            self._rt.event_sink = NO_SINK
+            self.dashboard = None
+            return
+        with contextlib.suppress(Exception):  # a look at the pool must not stop the start
+            self.dashboard.sink.pool_now(self._rt.topology.workers.values(),
+                                         self._rt.library_states(time.monotonic()))
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The live view's address (with its access token, if it takes one), or None."""
+        return self.dashboard.url if self.dashboard is not None else None
+
+    def save_report(self, path: str | Path, title: str = "datavine run") -> Path | None:
+        """The last run's view as one self-contained HTML file (None without a view)."""
+        if self.dashboard is None:
+            return None
+        return self.dashboard.save_report(path, title)
 
     def _start_workers(self) -> None:
         """Subclasses start their workers here."""
@@ -119,6 +190,9 @@ class Cluster:
         return self._rt.last_summary
 
     def close(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()
+            self.dashboard = None
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
@@ -147,10 +221,11 @@ class LocalCluster(Cluster):
                  manager: ManagerConfig | None = None,
                  run: RunConfig | None = None, connect_timeout_s: float = 60.0,
                  environment: PackedEnv | None = None, warm_up: bool = True,
+                 dashboard: bool | DashboardConfig | None = None,
                  **run_options: Any) -> None:
         run = (run or RunConfig()).replace(**run_options) if run_options else run
         super().__init__(manager, run, min_workers=workers, connect_timeout_s=connect_timeout_s,
-                         environment=environment)
+                         environment=environment, dashboard=dashboard)
         self.warm_up = warm_up
         self.warm_libraries: set[tuple[str, int]] = set()  # (worker id, library PID)
         self.workers_config = LocalWorkersConfig(workers=workers, cores=cores,
@@ -193,6 +268,11 @@ class LocalCluster(Cluster):
 
     def _alive(self) -> set[str]:
         return self.workers.alive_ids() if self.workers is not None else set()
+
+    def _worker_pids(self) -> dict[str, int]:
+        if self.workers is None:
+            return {}
+        return {local_worker_id(i): p.pid for i, p in enumerate(self.workers.procs)}
 
     def close(self) -> None:
         if self.workers is not None:

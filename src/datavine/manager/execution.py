@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from datavine.config import RunConfig
+from datavine.dashboard.events import NO_SINK, NullSink
 from datavine.manager.progress import RunProgress
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.run_state import (
@@ -54,8 +55,9 @@ class GraphRun:
     """Drive one ``get`` call's :class:`RunState` on a runtime (or a fake of its port)."""
 
     def __init__(self, rt: Runtime, graph: graphs.TaskGraph, cfg: RunConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, sink: NullSink = NO_SINK) -> None:
         self.rt = rt
+        self.sink = sink  # the run's events, for the live view (datavine.dashboard.events)
         self.clock = clock
         self.state = RunState(graph, cfg, rt.learned, now=clock(), port=rt.port)
         self.cfg = cfg
@@ -70,6 +72,7 @@ class GraphRun:
     def execute(self) -> dict[Key, Any]:
         self.library = self.rt.ensure_library()
         state = self.state
+        self.sink.run_started(state.graph, state.files_of, self.cfg.shardmap)
         # the first turn samples the pool: workers that connected before the run are
         # known, with their hosts and racks, before its first bundles are placed
         last_sample = state.start - REFRESH_S
@@ -87,6 +90,7 @@ class GraphRun:
                     call = self.calls.pop(done.id, None) if done is not None else None
                     if done is not None and call is not None:
                         del self.tasks[call]
+                        self.sink.done(call, done)
                         self._apply(state.handle(CallDone(call, done.result, done.addrport,
                                                           self.clock(), done.failure)))
         except KeyboardInterrupt:
@@ -104,9 +108,11 @@ class GraphRun:
         self.rt.check_library()  # raises once the library keeps dying
         where = {call: addr for call, task in self.tasks.items()
                  if states[call] not in (TASK_READY, "") and (addr := self.rt.call_worker(task))}
-        return PoolSample(now, *self.rt.pool_size(), states,
-                          requeued, frozenset(gone), frozenset(lost_addr),
-                          self.rt.library_states(now), where)
+        sample = PoolSample(now, *self.rt.pool_size(), states,
+                            requeued, frozenset(gone), frozenset(lost_addr),
+                            self.rt.library_states(now), where)
+        self.sink.pool(sample, self.state.learned.topology.workers.values())
+        return sample
 
     # --- instructions ----------------------------------------------------------------------
     def _apply(self, instructions: Iterable[Instruction]) -> None:
@@ -158,6 +164,7 @@ class GraphRun:
             fetch={name: self.temps[t] for name, t in ins.fetch.items()},
             store={name: self.temps[t] for name, t in ins.store.items()})
         self.tasks[ins.call], self.calls[task] = task, ins.call
+        self.sink.sent(ins, self.state.inflight.get(ins.call))
 
     # --- the end ---------------------------------------------------------------------------
     def _salvage(self) -> None:
@@ -204,5 +211,6 @@ class GraphRun:
                                        self.rt.connected_workers(), out_now - out_then,
                                        in_now - in_then)
         self.rt.last_summary = summary
+        self.sink.run_ended(summary)
         if self.cfg.progress:
             self.progress.print_summary(summary)

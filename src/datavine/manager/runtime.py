@@ -25,6 +25,7 @@ from typing import Any
 import cloudpickle
 
 from datavine.config import ManagerConfig, RunConfig
+from datavine.dashboard.events import NO_SINK, NullSink
 from datavine.errors import (
     EnvironmentStageError,
     LibraryFailedError,
@@ -287,6 +288,7 @@ class Runtime:
         self._calls: dict[int, Any] = {}  # bundles' calls in TaskVine, by task id
         self.learned = Learned.fresh(self.run_config, here=local_host())  # handed to each run
         self.last_summary: RunSummary | None = None
+        self.event_sink: NullSink = NO_SINK  # runs' events for the live view (a cluster's)
         self._last_status = 0.0
         for module in self.run_config.pickle_by_value:
             cloudpickle.register_pickle_by_value(importlib.import_module(module))
@@ -677,5 +679,5 @@ class Runtime:
         """dask scheduler entry point: ``dask.compute(x, scheduler=runtime.get)``."""
         graph = graphs.build(dsk, keys)
         self.rewarm(self.run_config.no_worker_timeout_s)
-        values = GraphRun(self, graph, self.run_config).execute()
+        values = GraphRun(self, graph, self.run_config, sink=self.event_sink).execute()
         return graphs.pack_results(keys, values)
