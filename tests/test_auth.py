@@ -63,8 +63,8 @@ def test_workers_without_the_password_are_rejected(tmp_path: Path) -> None:
                 stop(p)
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_ssl_manager_needs_ssl_workers(tmp_path: Path) -> None:
+    assert shutil.which("openssl"), "openssl is missing: scripts/setup.sh installs it"
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
                     str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost"],

@@ -9,7 +9,7 @@ from datavine.io.shards import ShardHealth, ShardMap
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import CostModel, Planner
 from datavine.scheduler.dispatch import Dispatcher
-from datavine.scheduler.placement import PlacementPolicy
+from datavine.scheduler.placement import PlacementPolicy, Tier
 from datavine.scheduler.topology import ANYWHERE, Topology
 
 
@@ -44,10 +44,13 @@ def test_bundle_for_a_rack_without_room_is_held_then_goes_far() -> None:
     sent = dispatch.fill(0.0, slots=4, inflight=0)
     racks = {t.rack or t.worker for _, t, _ in sent}
     assert racks <= {"A", "a0", None}  # near rack A, or far for rack B's files (no B worker)
-    held_before = len(dispatch.held)
-    assert held_before > 0  # rack A is full: its other files wait
+    held = [b.id for b, _ in dispatch.held]
+    assert len(held) > 4  # rack A is full: its other files wait (more than the next fill takes)
     later = dispatch.fill(10.0, slots=4, inflight=0)  # past max_wait_s: they go anywhere
-    assert later and len(dispatch.held) < held_before + len(later)
+    # the bundles held longest go first, anywhere; the rest are still held, in order
+    assert [b.id for b, _, _ in later] == held[:4]
+    assert all(t == ANYWHERE and p.tier == Tier.FAR and p.anywhere for _, t, p in later), later
+    assert [b.id for b, _ in dispatch.held] == held[4:]
 
 
 def test_crashed_bundle_goes_anywhere() -> None:

@@ -209,11 +209,36 @@ def test_time_limit_interrupts_python_code() -> None:
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
-def test_capped_call_past_its_time_limit_is_killed() -> None:
-    result = run_capped(time.sleep, (30,), cap_mb=None, time_limit_s=0.5)
+def sleep_with_a_grandchild(pids_file: str) -> None:
+    """Start a ``sleep`` (in the call's process group), name both processes, sleep 30 s."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    Path(pids_file).write_text(f"{os.getpid()} {sleeper.pid}")
+    time.sleep(30)
+
+
+def ended(pid: int, within_s: float = 10.0) -> bool:
+    """``pid`` exited (a zombie not reaped yet counts) within ``within_s``."""
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_capped_call_past_its_time_limit_is_killed(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    result = run_capped(sleep_with_a_grandchild, (str(pids),), cap_mb=None, time_limit_s=0.5)
     assert result.timed_out and not result.ok
     assert "time limit" in str(result.error)
-    assert result.wall_s < 20
+    assert result.signal == signal.SIGKILL  # killed, not ended by itself after its 30 s
+    child, grandchild = map(int, pids.read_text().split())
+    assert ended(child) and ended(grandchild), "the call's processes outlived its kill"
 
 
 def test_a_fault_that_never_struck_is_not_recovered() -> None:

@@ -57,9 +57,21 @@ def test_capped_child_sigkill_is_reported_as_an_oom_overrun() -> None:
 
 @pytest.mark.slow
 def test_frozen_worker_is_declared_lost_and_its_calls_rerun() -> None:
-    result = faults.in_cluster("worker SIGSTOP", faults.freeze_worker)
+    summaries: list[Any] = []
+
+    def keep_summary(cluster: Any) -> str:
+        summaries.append(cluster.last_summary)
+        return "summary kept"
+
+    result = faults.in_cluster("worker SIGSTOP", faults.freeze_worker, after=keep_summary)
     # ManagerConfig.worker_timeout_s (15 s) + the run; a frozen manager took an hour
     check(result, bound_s=15 + BASE_S)
+    assert result.injected, result  # worker 0's session was stopped
+    (summary,) = summaries
+    assert "local-0" in summary.lost_workers, summary.lines()  # declared lost
+    assert summary.retries >= 1, summary.lines()  # the call it held ran again elsewhere
+    reruns = [f for f in summary.failures if "died under it" in f or "local-0 left" in f]
+    assert reruns, summary.lines()
 
 
 def test_runaway_task_is_stopped_named_and_the_cluster_stays_usable() -> None:

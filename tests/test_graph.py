@@ -8,6 +8,7 @@ import dask
 import dask.array as da
 import pytest
 from dask import delayed
+from dask.core import flatten
 
 from datavine.scheduler import graph
 
@@ -24,12 +25,24 @@ def test_dict_graph_with_tuples_is_normalised_and_culled() -> None:
     assert values["c"] == 22
 
 
+def _evaluate(g: graph.TaskGraph) -> dict:
+    """Every node's value, in the graph's priority order (inputs must come first)."""
+    values: dict = {}
+    for key in sorted(g.nodes, key=g.priority.__getitem__):
+        assert g.dependencies[key] <= values.keys(), f"{key} ordered before its inputs"
+        values[key] = g.nodes[key](values)
+    return values
+
+
 def test_collection_graph_matches_its_keys() -> None:
     x = da.ones((10, 10), chunks=5).sum()
     (dsk, keys), = [(x.__dask_graph__(), x.__dask_keys__())]
     g = graph.build(dsk, keys if isinstance(keys, list) else [keys])
-    assert g.outputs <= set(g.nodes)
-    assert len(g) >= 4
+    assert g.outputs == set(flatten(keys))  # the collection's own keys, no others
+    assert set(g.nodes) == set(dict(dsk))  # all its tasks: 4 chunks, 4 partial sums, 1 total
+    assert all(deps <= g.nodes.keys() for deps in g.dependencies.values())
+    values = _evaluate(g)
+    assert [values[k] for k in g.outputs] == [100.0]
 
 
 def test_pack_results_keeps_nesting() -> None:
@@ -52,13 +65,12 @@ def test_scheduler_receives_what_dask_version_gives() -> None:
 
     def spy(dsk, keys, **kwargs):
         g = graph.build(dsk, keys)
-        seen.append(type(dsk).__name__)
-        values: dict = {}
-        for key in sorted(g.nodes, key=g.priority.__getitem__):
-            values[key] = g.nodes[key](values)
-        return graph.pack_results(keys, values)
+        seen.append((keys, g.outputs))
+        return graph.pack_results(keys, _evaluate(g))
 
     result = dask.compute(delayed(operator.add)(1, 2), da.arange(10, chunks=3).sum(),
                           scheduler=spy)
     assert result == (3, 45)
-    assert seen
+    # one call for both collections, whatever type this dask gives, its keys all built
+    ((keys, outputs),) = seen
+    assert isinstance(keys, list) and len(keys) == 2 and outputs == set(flatten(keys)), keys

@@ -106,10 +106,9 @@ def test_undo_stops_at_values_still_held() -> None:
 
 
 # --- on real workers ------------------------------------------------------------------------
-def make_array(i: int, seconds: float = 0.0) -> Any:
+def make_array(i: int) -> Any:
     import numpy as np
 
-    time.sleep(seconds)
     return np.full(512 * 1024, float(i))  # 4 MiB
 
 
@@ -117,8 +116,8 @@ def add_arrays(*parts: Any) -> Any:
     return sum(parts)
 
 
-def _array_tree(n: int, fanin: int, seconds: float = 0.0) -> tuple[dict[Any, Any], Any]:
-    dsk: dict[Any, Any] = {("make", i): (make_array, i, seconds) for i in range(n)}
+def _array_tree(n: int, fanin: int) -> tuple[dict[Any, Any], Any]:
+    dsk: dict[Any, Any] = {("make", i): (make_array, i) for i in range(n)}
     final = graphs.add_merge_tree(dsk, list(dsk), fanin, key=lambda d, j: ("add", d, j),
                                   task=lambda keys: (add_arrays, *keys))
     return dsk, final
@@ -168,30 +167,97 @@ def test_inline_mode_sends_everything_through_the_manager(cluster: Any) -> None:
     assert traffic.kept == 0 and traffic.manager > 2 * 8 * 4 * 2**20, traffic
 
 
+def make_marked(i: int, folder: str) -> Any:
+    """A 4 MiB leaf that leaves a mark naming the worker that made it (one per run)."""
+    import os
+    from pathlib import Path
+
+    import numpy as np
+
+    worker = os.environ.get("DATAVINE_WORKER_ID", "?")
+    Path(folder, f"{i}.{worker}.{time.monotonic_ns()}").touch()
+    time.sleep(0.1)
+    return np.full(512 * 1024, float(i))
+
+
+def wait_for_file(path: str, timeout_s: float) -> int:
+    """Returns once ``path`` exists (bounded: a test that never writes it does not hang)."""
+    import os
+
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return 0
+
+
+def add_after(gate: int, *parts: Any) -> Any:
+    return gate + sum(parts)
+
+
+def _makers(folder: Any) -> dict[int, list[str]]:
+    """Leaf -> the workers that made it, in order."""
+    runs: dict[int, list[tuple[int, str]]] = {}
+    for mark in folder.iterdir():
+        i, worker, ns = mark.name.split(".")
+        runs.setdefault(int(i), []).append((int(ns), worker))
+    return {i: [w for _, w in sorted(r)] for i, r in runs.items()}
+
+
 @pytest.mark.taskvine
 def test_worker_killed_while_holding_values(tmp_path: Any) -> None:
+    """The leaves' values wait on the workers behind a gate: a worker that made some of them
+    is killed, and the gate opens once datavine has seen it leave (before any consumer is
+    sent, so that TaskVine's own recovery tasks do not remake them first): the values it
+    held are lost and made again, on the other workers."""
     import datavine
 
-    dsk, final = _array_tree(24, 2, seconds=0.25)
+    n = 12
+    marks, gate = tmp_path / "marks", tmp_path / "killed"
+    marks.mkdir()
+    dsk: dict[Any, Any] = {("make", i): (make_marked, i, str(marks)) for i in range(n)}
+    dsk["gate"] = (wait_for_file, str(gate), 120.0)
+    pairs = [("pair", j) for j in range(n // 2)]
+    for j, key in enumerate(pairs):  # no leaf is consumed before the gate opens
+        dsk[key] = (add_after, "gate", ("make", 2 * j), ("make", 2 * j + 1))
+    final = graphs.add_merge_tree(dsk, pairs, 2, key=lambda d, j: ("add", d, j),
+                                  task=lambda keys: (add_arrays, *keys))
     run = datavine.RunConfig(max_bundle_tasks=2, target_bundle_s=0.01, no_worker_timeout_s=30,
                              timeout_s=180)
     with datavine.LocalCluster(workers=3, cores=1, run=run,
                                manager=datavine.ManagerConfig(run_dir=tmp_path)) as cluster:
-        done: list[Any] = []
+        done: list[int] = []
+        victims: list[int] = []  # leaves delivered and held by the killed worker
+        killed: list[str] = []
 
-        def kill_when_values_are_kept(keys: list[Any], values: dict[Any, Any]) -> None:
-            # after a quarter of the leaves (not at a set time: a fast run would end first)
-            done.extend(k for k in keys if k[0] == "make")
-            if len(done) >= 6 and cluster.workers.alive() == 3:
-                cluster.workers.kill(0)
+        def open_the_gate_once_the_loss_is_seen(worker: str) -> None:
+            known = cluster.runtime.learned.topology.workers
+            deadline = time.monotonic() + 60  # bounded; a loss never seen fails below
+            while worker in known and time.monotonic() < deadline:
+                time.sleep(0.05)
+            gate.touch()
 
-        cluster.runtime.result_hook = kill_when_values_are_kept
+        def kill_a_worker_holding_values(keys: list[Any], values: dict[Any, Any]) -> None:
+            done.extend(k[1] for k in keys if isinstance(k, tuple) and k[0] == "make")
+            if len(done) >= 4 and not killed:
+                makers = _makers(marks)
+                worker = makers[done[-1]][0]  # "local-<i>": it holds that leaf's value
+                victims.extend(i for i in done if makers[i] == [worker])
+                cluster.workers.kill(int(worker.split("-")[1]))
+                killed.append(worker)
+                threading.Thread(target=open_the_gate_once_the_loss_is_seen, args=(worker,),
+                                 daemon=True).start()
+
+        cluster.runtime.result_hook = kill_a_worker_holding_values
         (value,) = cluster.get(dsk, [final])
         summary = cluster.last_summary
-    assert value[0] == sum(range(24))
-    assert summary.lost_workers, summary.lines()
-    # whatever it held was made again (or nothing it held was still needed)
-    assert summary.recomputed >= 0 and summary.tasks >= len(dsk)
+    assert value[0] == sum(range(n))
+    assert killed and victims, "no worker was killed while it held a value"
+    assert killed[0] in summary.lost_workers, summary.lines()
+    assert summary.recomputed >= len(victims), summary.lines()
+    assert any("values kept on lost workers" in f for f in summary.failures), summary.lines()
+    makers = _makers(marks)
+    for i in victims:  # each was made again, on another worker
+        assert len(makers[i]) >= 2 and makers[i][-1] != killed[0], (i, makers[i])
 
 
 def make_or_stall(i: int) -> Any:

@@ -178,8 +178,12 @@ def test_decide_invariants(task: TaskInputs, workers: list[WorkerView], waited: 
         assert all(score(task, by_id[w]).tier == p.tier for w in p.workers)
         assert p.rack is None or all(by_id[w].rack == p.rack for w in p.workers)
         free = [w for w in workers if w.free_slots > 0]
-        if free:  # it never picks a worse tier than a free worker offers
-            assert p.tier == max(score(task, w).tier for w in free) or not p.workers
+        if free:  # it never picks a worse tier than a free worker offers, anywhere included
+            assert p.tier == max(score(task, w).tier for w in free)
+        # anywhere is the far tier, and only then: a near run names its workers
+        assert p.anywhere == (p.tier == Tier.FAR), p
+        if p.tier > Tier.FAR:
+            assert p.workers
     if waited >= policy.max_wait_s:
         assert p.action == "run"
 

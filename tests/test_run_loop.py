@@ -64,10 +64,21 @@ def test_inline_mode_keeps_nothing() -> None:
 
 def test_small_outputs_stop_making_temp_files() -> None:
     rt = FakeRuntime(CFG.replace(bundles_per_slot=1))
+    declared_after: list[int] = []  # results seen when each temp was declared
+    declare = rt.declare_temp
+
+    def counted() -> Any:
+        declared_after.append(rt.calls)
+        return declare()
+
+    rt.declare_temp = counted  # type: ignore[method-assign]
     dsk = {("small", i): (int, i) for i in range(20)}
     dsk["total"] = (sum, list(dsk))
     assert run(rt, dsk, ["total"]) == [sum(range(20))]
-    # only the first bundles of the category (before any result) kept theirs
+    # only the first bundles of the category (one per slot, sent before any result) made
+    # one; the 18 sent after a result showed how small the values are made none
+    assert declared_after == [0, 0], declared_after
+    assert rt.last_summary.bundles == 21  # one task per bundle: the leaves and the total
     assert rt.last_summary.traffic.kept == 0
     assert not rt.declared
 

@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,18 @@ def test_nano_dy_has_40_events() -> None:
         assert f.file.compression == uproot.ZLIB(1)
 
 
-def test_second_lookup_is_immediate_and_accepts_the_file_name() -> None:
-    samples.coffea_sample("nano_dy")
-    start = time.perf_counter()
+def test_second_lookup_fetches_nothing_and_accepts_the_file_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = samples.coffea_sample("nano_dy")
+    before = first.stat().st_mtime_ns
+
+    def no_fetch(*args: object, **kwargs: object) -> Path:
+        raise AssertionError("a second lookup fetched the samples again")
+
+    monkeypatch.setattr(samples, "fetch_coffea_samples", no_fetch)
     path = samples.coffea_sample("nano_dimuon.root")
-    assert time.perf_counter() - start < 0.5
-    assert path.name == "nano_dimuon.root" and path.stat().st_size > 100_000
+    assert path == first.parent / "nano_dimuon.root" and path.stat().st_size > 100_000
+    assert samples.coffea_sample("nano_dy") == first and first.stat().st_mtime_ns == before
 
 
 def test_only_root_files_are_extracted() -> None:

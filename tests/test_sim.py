@@ -9,10 +9,19 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from datavine.apps.sim import FacilitySpec, ManagerCost, ShardSpec, SimConfig, Workload, simulate
+from datavine.apps.sim import (
+    FacilitySpec,
+    ManagerCost,
+    ShardSpec,
+    SimConfig,
+    SimRun,
+    Workload,
+    simulate,
+)
 from datavine.apps.sim.box import BoxGeometry, predict_box
 from datavine.apps.sim.calibration import (
     Calibration,
@@ -22,7 +31,7 @@ from datavine.apps.sim.calibration import (
     load_calibration,
     save_calibration,
 )
-from datavine.apps.sim.driver import workload_graph
+from datavine.apps.sim.driver import FILE_CATEGORY, workload_graph
 from datavine.apps.sim.events import EventQueue
 from datavine.apps.sim.network import Network
 from datavine.apps.sim.spec import GBPS
@@ -153,12 +162,34 @@ def test_equal_shares_make_the_slowest_xcache_node_the_bottleneck() -> None:
 
 
 def test_memory_overruns_are_retried_under_a_larger_cap_by_datavines_policy() -> None:
+    from datavine.scheduler.run_state import Submit
+
     policy = MemoryPolicy(default_mb=512, floor_mb=256, ceiling_mb=4096, step_mb=64)
     work = Workload(n_files=30, events_per_file=100_000, spread=0.0, bytes_per_event=10.0,
-                    khz_per_core=1000.0, peak_mb=700.0)
-    r = simulate(FacilitySpec.small(workers=2, cores=2), work, "datavine",
+                    khz_per_core=1000.0, peak_mb=700.0)  # every file's task peaks at 700 MB
+    sim = SimRun(FacilitySpec.small(workers=2, cores=2), work,
                  SimConfig(run=RunConfig(memory=policy), cost=FREE))
+    caps: dict[Any, list[float | None]] = {}  # task -> the cap of each bundle it went out in
+    handle = sim.state.handle
+
+    def spy(*events: Any) -> Any:
+        out = handle(*events)
+        for ins in out:
+            if isinstance(ins, Submit):
+                for key in ins.keys:
+                    caps.setdefault(key, []).append(ins.cap_mb)
+        return out
+
+    sim.state.handle = spy  # type: ignore[method-assign]
+    r = sim.run()
     assert r.overruns >= 1 and len(r.file_done_s) == 30
+    assert sim.state.summary.retries == r.overruns
+    retried = {k: c for k, c in caps.items() if len(c) > 1}
+    assert retried, "no task went out twice"
+    for key, tries in retried.items():  # once: from the default cap to one above the peak
+        assert len(tries) == 2 and tries[0] == 512 and tries[1] >= 700, (key, tries)
+    files = [k for k in caps if k[0] == FILE_CATEGORY]
+    assert len(files) == 30 and all(caps[k][-1] >= 700 for k in files)  # each ran under its peak
 
 
 def test_bad_mode_is_refused() -> None:

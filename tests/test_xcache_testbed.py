@@ -142,7 +142,9 @@ def test_stopped_shard_fails_over_in_seconds(xcache_testbed, xcache_data) -> Non
         with f:
             arrays = f["Events"].arrays(BRANCHES, library="np")
         assert _same(arrays, _local(xcache_data, lfn))
-        assert elapsed < 5.0, elapsed
+        # a hang bound, not a speed: with XrdCl's defaults (5 tries in 120 s windows) the
+        # open waits minutes; with XRD_CLIENT_ENV (1 try, a 3 s window) seconds at most
+        assert elapsed < 30.0, elapsed
         assert record.failovers == 1
         assert record.errors[0][0] == owner.name
         assert record.server == smap.ranked(lfn)[1].name
