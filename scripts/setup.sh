@@ -6,25 +6,28 @@
 #   - with --legacy, also .venv-legacy/: the dask < 2025.4 line (classic dict graphs,
 #     dask-awkward, hist.dask) that coffea's dask users run today;
 #   - with --xcache, the XRootD server packages for the loopback XCache testbed;
-#   - with --condor, the personal HTCondor pool (a trixie chroot, ~2 min).
+#   - with --condor, the personal HTCondor pool (a trixie chroot, ~2 min);
+#   - with --browser, Debian's chromium for the browser tests (Playwright drives it; no
+#     browser is ever downloaded by Playwright).
 # Idempotent: every step reuses what is already there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-LEGACY=0 XCACHE=0 CONDOR=0
+LEGACY=0 XCACHE=0 CONDOR=0 BROWSER=0
 for a in "$@"; do
   case "$a" in
     --legacy) LEGACY=1 ;;
     --xcache) XCACHE=1 ;;
     --condor) CONDOR=1 ;;
-    --all) LEGACY=1 XCACHE=1 CONDOR=1 ;;
+    --browser) BROWSER=1 ;;
+    --all) LEGACY=1 XCACHE=1 CONDOR=1 BROWSER=1 ;;
     *) echo "setup: unknown option $a" >&2; exit 2 ;;
   esac
 done
 log() { echo "setup: $*" >&2; }
 
 PY=${DATAVINE_PYTHON:-python3}
-APT_PKGS=(swig zlib1g-dev libssl-dev m4 patch)
+APT_PKGS=(swig zlib1g-dev libssl-dev m4 patch openssl)  # openssl: tests/test_auth.py's certificate
 missing=()
 for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -45,7 +48,7 @@ make_venv() {  # make_venv DIR PIP-ARGS...
   "$dir/bin/python" -m pip install -q "$@"
 }
 
-make_venv .venv -e ".[analysis,coffea,xcache,taskvine,peers,test]"
+make_venv .venv -e ".[analysis,coffea,xcache,taskvine,peers,test,dashboard,browser]"
 bash scripts/build_taskvine.sh --python .venv/bin/python
 
 if [ "$LEGACY" = 1 ]; then
@@ -59,5 +62,11 @@ if [ "$XCACHE" = 1 ]; then
 fi
 if [ "$CONDOR" = 1 ]; then
   bash workers/condor/install_pool.sh
+fi
+if [ "$BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  log "installing Debian's chromium (the browser tests)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends chromium >/dev/null
 fi
 log "done: activate with 'source .venv/bin/activate'"

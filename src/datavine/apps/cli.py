@@ -4,7 +4,9 @@
   loopback XCache testbed when XRootD is installed (else reads local files, and says so),
   starts a :class:`~datavine.manager.cluster.LocalCluster` (one 1-core worker per core of this
   machine), runs the AGC-style analysis (:mod:`datavine.apps.analysis.agc`) as a dask graph on
-  it and prints the result, the run summary and the events/s; ``--json`` writes a record.
+  it and prints the result, the run summary and the events/s; ``--json`` writes a record,
+  and the run's view as one HTML file next to it. The live view's address is printed when
+  the cluster is up (``--no-dashboard``: none; :mod:`datavine.dashboard`).
   ``--facility FILE`` takes the manager, run settings, shards and pools from a facility
   description (:mod:`datavine.deploy.facility`).
 - ``datavine pool start|status|stop``: :mod:`datavine.deploy.pools.cli`.
@@ -100,6 +102,9 @@ def add_run_command(subparsers: argparse._SubParsersAction) -> None:
     out = run.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="write a JSON record of the run")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from datavine.dashboard.launch import add_options as add_dashboard_options
+
+    add_dashboard_options(out)
     run.set_defaults(func=cmd_run)
 
 
@@ -230,8 +235,21 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         record["setup_s"]["cluster"] = round(time.monotonic() - t0, 3)
         result, wall_s = run_analysis(cluster, source, chunks)
         summary = cluster.last_summary
+        if args.json is not None:
+            save_view(cluster, args.json.with_suffix(".html"), record)
     report(result, wall_s, summary, record, show_summary=args.no_progress)
     return record
+
+
+def save_view(cluster: Cluster, path: Path, record: dict[str, Any]) -> None:
+    """The run's view as one HTML file (``--json X`` -> ``X.html``), when it has one."""
+    try:
+        saved = cluster.save_report(path, title="datavine run")
+    except OSError as exc:
+        raise RunError(f"cannot write the run's view {path}: {exc.strerror or exc}") from exc
+    if saved is not None:
+        record["dashboard_html"] = str(saved)
+        print(f"view saved to {saved}")
 
 
 def make_data(args: argparse.Namespace, record: dict[str, Any]) -> list[Path]:
@@ -342,9 +360,12 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
         manager = ManagerConfig(port=args.port, password_file=args.password,
                                 listen_host=args.listen_host,
                                 run_dir=launch.run_directory(stack))
+    from datavine.dashboard.launch import announce, option_from_args
+
     chosen = launch.choose_cluster(run, manager, workers=args.workers,
                                    pool_workers=args.pool_workers, facility=facility,
-                                   connect_timeout_s=args.pool_timeout)
+                                   connect_timeout_s=args.pool_timeout,
+                                   dashboard=option_from_args(args))
     cluster = launch.started(stack, chosen.cluster)
     assert cluster.runtime is not None
     workers = cluster.runtime.connected_workers()
@@ -352,8 +373,11 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
     where = f" in racks {', '.join(racks)}" if racks else ""
     print(f"cluster: {chosen.kind}{where}, {workers} connected to the manager on port "
           f"{cluster.port}; memory caps {'on' if run.memory is not None else 'off'}")
+    print(announce(cluster), flush=True)
     record["cluster"] = {"kind": chosen.kind, "workers": workers, "port": cluster.port,
-                         "racks": list(racks), "memory_caps": run.memory is not None}
+                         "racks": list(racks), "memory_caps": run.memory is not None,
+                         "dashboard": (cluster.dashboard.address  # never its token
+                                       if cluster.dashboard is not None else None)}
     return cluster
 
 
@@ -364,6 +388,9 @@ def run_analysis(cluster: Cluster, source: Any, chunks: list[Any]) -> tuple[Any,
     from datavine.apps.analysis.sources import analysis_graph
 
     total = analysis_graph(source, chunks)
+    if cluster.dashboard is not None:  # events/s in the view: the keys analysis_graph gives
+        cluster.dashboard.expect_events({f"agc-chunk-{i}": c.entry_stop - c.entry_start
+                                         for i, c in enumerate(chunks)})
     t0 = time.monotonic()
     (result,) = dask.compute(total, scheduler=cluster.get)
     return result, time.monotonic() - t0

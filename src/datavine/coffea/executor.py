@@ -31,6 +31,10 @@ coffea's own (:mod:`datavine.coffea.badfiles`), reported in a
 :class:`BadFilesSkippedWarning` and in :attr:`report`. A work item that overruns its memory
 cap at the ceiling is split in halves by entry range, down to ``split_min_entries``
 (:mod:`datavine.coffea.splitting`).
+
+The embedded cluster serves the live view of its runs (:mod:`datavine.dashboard`): its
+address is printed on stderr when the cluster starts and is ``executor.dashboard_url``
+(``dashboard=False``: none); a given ``cluster`` has its own (``cluster.dashboard_url``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import errno
 import functools
 import re
+import sys
 import time
 import uuid
 import warnings
@@ -117,6 +122,10 @@ class DatavineExecutor(ExecutorBase):
             working directory on the worker, by their base name.
         report : where calls are recorded; shared with copies (``Runner`` runs copies).
         session : the embedded cluster, shared with copies (made when not given).
+        dashboard : the embedded cluster's live view (``None``: on unless
+            ``DATAVINE_DASHBOARD=0``; ``False``: none; a
+            :class:`datavine.dashboard.launch.DashboardConfig`); its address is printed
+            when the cluster starts and is :attr:`dashboard_url`.
         status, unit, desc, compression, function_name : as for coffea's executors;
             ``status`` shows bars of submitted, processed and accumulated events (files
             while preprocessing). Ctrl-C while processing returns the merge of the items
@@ -140,6 +149,7 @@ class DatavineExecutor(ExecutorBase):
     extra_input_files: tuple[str, ...] = ()
     report: ExecutionReport | None = None
     session: EmbeddedCluster | None = None
+    dashboard: Any = None
 
     def __post_init__(self) -> None:
         if self.merge_fanin < 2:
@@ -171,6 +181,14 @@ class DatavineExecutor(ExecutorBase):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The live view's address of the cluster the items run on (None: no view, or no
+        cluster started yet)."""
+        cluster = self.cluster if self.cluster is not None else (
+            self.session.cluster if self.session is not None else None)
+        return getattr(cluster, "dashboard_url", None)
 
     def close(self) -> None:
         """Stop the embedded cluster, if one runs (shared with this executor's copies)."""
@@ -221,6 +239,7 @@ class DatavineExecutor(ExecutorBase):
         while True:
             graph, final = build_graph(items, function, policy, self.merge_fanin,
                                        self._task_prefix())
+            expect_events(cluster, graph, items)
             progress = CallProgress(graph, items, desc=self.desc, unit=unit,
                                     enabled=bool(self.status), compression=policy.compression)
             try:
@@ -296,7 +315,13 @@ class DatavineExecutor(ExecutorBase):
 
     def _embedded_cluster(self) -> Any:
         assert self.session is not None
-        return self.session.get(self._make_local_cluster)
+        starts = self.session.starts
+        cluster = self.session.get(self._make_local_cluster)
+        if self.session.starts != starts and getattr(cluster, "dashboard", None) is not None:
+            from datavine.dashboard.launch import announce
+
+            print(f"datavine: {announce(cluster)}", file=sys.stderr, flush=True)
+        return cluster
 
     def _make_local_cluster(self, run_dir: Path) -> Any:
         from datavine.config import ManagerConfig, RunConfig
@@ -309,7 +334,8 @@ class DatavineExecutor(ExecutorBase):
         if self.memory != "default":
             run = run.replace(memory=self.memory)
         return local_cluster(run, ManagerConfig(run_dir=run_dir), workers=self.workers,
-                             cores=self.cores, memory_mb=self.memory_mb)
+                             cores=self.cores, memory_mb=self.memory_mb,
+                             dashboard=self.dashboard)
 
     def _finish(self, record: CallRecord, partial: Partial,
                 accumulator: Any) -> tuple[Any, Any]:
@@ -334,6 +360,20 @@ class DatavineExecutor(ExecutorBase):
             exc.partial_output = out  # type: ignore[attr-defined]
             raise exc
         return out, exc
+
+
+def expect_events(cluster: Any, graph: dict[Key, Any], items: list[Any]) -> None:
+    """Tell the cluster's live view the events of each work item's task (for events/s)."""
+    dashboard = getattr(cluster, "dashboard", None)
+    if dashboard is None:
+        return
+    weights = {}
+    for key, task in graph.items():
+        item = task[2] if isinstance(task, tuple) and len(task) > 2 and task[0] is run_item \
+            else None
+        if item is not None and hasattr(item, "entrystop"):
+            weights[key] = int(item.entrystop) - int(item.entrystart)
+    dashboard.expect_events(weights)
 
 
 def unwrap_automatic_retries(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any],

@@ -12,7 +12,9 @@ start clusters here, so they agree on the defaults a user expects:
 - a command's manager directory is a temporary directory the reaper removes even when the
   client is killed, and TaskVine's last logs are written (the manager collected) before it
   goes (:func:`run_directory`); :func:`started` closes the cluster with the command, also when
-  its start fails half-way.
+  its start fails half-way;
+- every cluster serves the live view of its runs (:mod:`datavine.dashboard`) unless
+  ``dashboard=False``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import contextlib
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from datavine.config import ManagerConfig, RunConfig
 from datavine.deploy.local_workers import default_workers
@@ -43,14 +45,14 @@ def run_directory(stack: contextlib.ExitStack, prefix: str = "datavine-run-") ->
 def local_cluster(run: RunConfig, manager: ManagerConfig, *, workers: int | None = None,
                   cores: int = 1, memory_mb: int | None = None, features: tuple[str, ...] = (),
                   racks: tuple[str, ...] = (), connect_timeout_s: float = 60.0,
-                  ) -> LocalCluster:
+                  dashboard: Any = None) -> LocalCluster:
     """Local workers (not started): ``workers`` or one per core here, in ``racks`` or the
     racks of ``run.shardmap``'s shards."""
     from datavine.manager.cluster import LocalCluster
 
     return LocalCluster(workers=workers or default_workers(), cores=cores, memory_mb=memory_mb,
                         features=features, racks=racks or shard_racks(run), manager=manager,
-                        run=run, connect_timeout_s=connect_timeout_s)
+                        run=run, connect_timeout_s=connect_timeout_s, dashboard=dashboard)
 
 
 def shard_racks(run: RunConfig) -> tuple[str, ...]:
@@ -70,10 +72,11 @@ class Chosen:
 
 def choose_cluster(run: RunConfig, manager: ManagerConfig, *, workers: int | None = None,
                    pool_workers: int | None = None, facility: Facility | None = None,
-                   connect_timeout_s: float = 60.0) -> Chosen:
+                   connect_timeout_s: float = 60.0, dashboard: Any = None) -> Chosen:
     """Local workers (``workers``, or the facility's ``[local_workers]``), a manager waiting
     for ``pool_workers`` from a pool started elsewhere (0: do not wait), or the facility's
-    pools when it has some and no local workers are asked for."""
+    pools when it has some and no local workers are asked for. ``dashboard``: the
+    cluster's live view (:func:`datavine.dashboard.launch.dashboard_config`)."""
     from datavine.deploy.facility import FacilityCluster
     from datavine.manager.cluster import Cluster
 
@@ -82,18 +85,21 @@ def choose_cluster(run: RunConfig, manager: ManagerConfig, *, workers: int | Non
                           "each other")
     if pool_workers is not None:
         return Chosen(Cluster(manager, run, min_workers=pool_workers,
-                              connect_timeout_s=connect_timeout_s),
+                              connect_timeout_s=connect_timeout_s, dashboard=dashboard),
                       f"{pool_workers} pool worker(s)")
     if facility is not None and facility.pools and workers is None:
-        return Chosen(FacilityCluster(facility, run),
-                      f"pools {', '.join(p.name for p in facility.pools)}")
+        from datavine.dashboard.launch import dashboard_config
+
+        pools = FacilityCluster(facility, run)
+        pools.dashboard_config = dashboard_config(dashboard)
+        return Chosen(pools, f"pools {', '.join(p.name for p in facility.pools)}")
     local = facility.local_workers if facility is not None else None
     n = workers or (local.workers if local else default_workers())
     cluster = local_cluster(run, manager, workers=n, cores=local.cores if local else 1,
                             memory_mb=local.memory_mb if local else None,
                             features=local.features if local else (),
                             racks=local.racks if local else (),
-                            connect_timeout_s=connect_timeout_s)
+                            connect_timeout_s=connect_timeout_s, dashboard=dashboard)
     return Chosen(cluster, f"{n} local worker(s)")
 
 

@@ -3,8 +3,10 @@
 ``add_command(subparsers)`` adds the ``scale-test`` sub-command to datavine's CLI (its
 handler is ``func``, taking the parsed arguments and returning the exit code); ``main(argv)``
 runs the same options on their own. The record goes to ``--json`` and the timeline to
-``--png`` (both under ``--out`` by default); the last line printed is the headline figures
-as ``key=value`` pairs.
+``--png`` (both under ``--out`` by default), the run's view as one HTML file next to the
+record (``scaletest.html``; the live view's address is printed when the cluster is up,
+``--no-dashboard`` turns both off); the last line printed is the headline figures as
+``key=value`` pairs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from datavine.apps import cli_types
 from datavine.apps.scaletest.run import COMPRESSIONS, POOLS, ScaleTestConfig, run_scale_test
 from datavine.config import ConfigError
+from datavine.dashboard.launch import option_from_args
 from datavine.deploy.signals import Terminated, handled, terminate_gracefully
 from datavine.errors import DatavineError
 
@@ -103,6 +106,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      help="the timeline (default OUT/timeline.png)")
     out.add_argument("--bin", type=cli_types.seconds, metavar="S", help="timeline bin width")
     out.add_argument("--progress", action="store_true", help="datavine's progress bar")
+    from datavine.dashboard.launch import add_options as add_dashboard_options
+
+    add_dashboard_options(out)
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -130,7 +136,12 @@ def config_from_args(args: argparse.Namespace) -> ScaleTestConfig:
         manager_host=args.manager_host, xcache_shards=args.xcache, facility=args.facility,
         timeout_s=args.timeout,
         connect_timeout_s=args.connect_timeout, bin_s=args.bin, progress=args.progress,
-        memory_caps=not args.no_memory_caps)
+        memory_caps=not args.no_memory_caps, dashboard=option_from_args(args),
+        dashboard_html=None if args.no_dashboard else json_path(args).with_suffix(".html"))
+
+
+def json_path(args: argparse.Namespace) -> Path:
+    return args.json or args.out / "scaletest.json"
 
 
 def cmd_scale_test(args: argparse.Namespace) -> int:
@@ -148,9 +159,10 @@ def cmd_scale_test(args: argparse.Namespace) -> int:
     report = run_scale_test(config)
     for line in report.lines():
         print(line)
-    json_path = report.write_json(args.json or args.out / "scaletest.json")
+    record = report.write_json(json_path(args))
     png_path = plot_timeline(report, args.png or args.out / "timeline.png")
-    print(f"record: {json_path}; timeline: {png_path}")
+    view = f"; view: {report.dashboard_html}" if report.dashboard_html else ""
+    print(f"record: {record}; timeline: {png_path}{view}")
     print(report.figures_line())
     return 0
 

@@ -75,6 +75,7 @@ class ScaleReport:
     setup_s: dict[str, float] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
+    dashboard_html: str | None = None  # the run's view, saved (datavine.dashboard.report)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

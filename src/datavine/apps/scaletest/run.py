@@ -13,7 +13,9 @@
 4. a first graph that reads each file's entry count on the workers (a file that does not
    open is reported failed, not fatal), then the processing graph: one task per chunk
    (:func:`datavine.apps.scaletest.tasks.run_chunk`) and a merge tree on the workers, timed;
-5. the report (:func:`datavine.apps.scaletest.report.build_report`).
+5. the report (:func:`datavine.apps.scaletest.report.build_report`), and the run's view saved
+   as one HTML file (``dashboard_html``; the live view's address is printed when the
+   cluster is up: :mod:`datavine.dashboard`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class ScaleTestConfig:
         connect_timeout_s: how long to wait for the pool's workers.
         bin_s: the timeline's bin width (default: the wall time / 120, at least 0.25 s).
         progress: datavine's progress bar.
+        dashboard: the cluster's live view (``None``: the default, on unless
+            ``DATAVINE_DASHBOARD=0``; ``False``: none; a
+            :class:`~datavine.dashboard.launch.DashboardConfig`).
+        dashboard_html: save the processing run's view there (one HTML file).
         memory_caps: run every bundle under datavine's memory caps, in the library's
             capped child (the default); ``False`` runs bundles in the library process.
     """
@@ -99,6 +105,8 @@ class ScaleTestConfig:
     connect_timeout_s: float = 120.0
     bin_s: float | None = None
     progress: bool = False
+    dashboard: Any = None
+    dashboard_html: Path | None = None
     memory_caps: bool = True
     tree: str = "Events"
 
@@ -154,13 +162,28 @@ def run_scale_test(config: ScaleTestConfig, cluster: Any = None) -> ScaleReport:
         wall_s = time.monotonic() - started
         summary = getattr(cluster, "last_summary", None) if chunks else None
         workers, cores = pool_size(cluster, summary)
+        view = save_view(cluster, config) if chunks else None
     report = build_report(infos, tally, wall_s=wall_s, t0=t0, workers=workers, cores=cores,
                           summary=summary, n_chunks=len(chunks), bin_s=config.bin_s,
                           passes=config.passes)
     report.setup_s = setup
     report.config = {k: (str(v) if isinstance(v, Path) else v)
                      for k, v in asdict(config).items()}
+    report.config["dashboard"] = config.dashboard is not False  # never its access token
+    report.dashboard_html = str(view) if view is not None else None
     return report
+
+
+def save_view(cluster: Any, config: ScaleTestConfig) -> Path | None:
+    """The processing run's view as one HTML file at ``config.dashboard_html``."""
+    save = getattr(cluster, "save_report", None)
+    if config.dashboard_html is None or save is None:
+        return None
+    try:
+        return save(config.dashboard_html, title="datavine scale test")
+    except OSError as exc:
+        raise ScaleTestError(f"cannot write the run's view {config.dashboard_html}: "
+                             f"{exc.strerror or exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------
@@ -281,11 +304,12 @@ def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap
         cluster: Any = launch.choose_cluster(
             run, facility.manager, facility=facility,
             pool_workers=config.n_workers if config.pool == "external" else None,
-            connect_timeout_s=config.connect_timeout_s).cluster
+            connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard).cluster
     elif config.pool == "local":
         cluster = launch.local_cluster(
             run, ManagerConfig(run_dir=run_dir), workers=config.n_workers, cores=config.cores,
-            memory_mb=config.memory_mb, connect_timeout_s=config.connect_timeout_s)
+            memory_mb=config.memory_mb, connect_timeout_s=config.connect_timeout_s,
+            dashboard=config.dashboard)
     else:  # workers from a pool started elsewhere, or HTCondor's started below
         manager = ManagerConfig(port=config.port, run_dir=run_dir,
                                 listen_host=config.manager_host,  # where workers reach it
@@ -293,8 +317,12 @@ def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap
                                                if config.pool == "external" else None))
         cluster = launch.choose_cluster(
             run, manager, pool_workers=config.n_workers if config.pool == "external" else 0,
-            connect_timeout_s=config.connect_timeout_s).cluster
+            connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard).cluster
     launch.started(stack, cluster)
+    if config.dashboard is not False:
+        from datavine.dashboard.launch import announce
+
+        print(f"scale test: {announce(cluster)}", flush=True)
     if config.pool == "condor":
         start_condor_workers(stack, config, cluster)
     return cluster
@@ -356,6 +384,10 @@ def make_chunks(infos: Sequence[FileInfo], chunk_events: int) -> list[tuple[str,
 def process_chunks(cluster: Any, chunks: Sequence[tuple[str, int, int]],
                    config: ScaleTestConfig) -> Tally:
     graph, final = analysis_graph(chunks, config.retries, config.merge_fanin)
+    dashboard = getattr(cluster, "dashboard", None)
+    if dashboard is not None:  # events/s in the live view
+        dashboard.expect_events({key: task[3] - task[2] for key, task in graph.items()
+                                 if key[0] == "agc-chunk"})
     return cluster.get(graph, [final])[0]
 
 

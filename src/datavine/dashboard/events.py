@@ -1,0 +1,321 @@
+"""The run's events for the live view: records the driver writes, and the file they go to.
+
+:class:`EventSink` is the one object the run's driver
+(:class:`datavine.manager.execution.GraphRun`) publishes through: the run started (its tasks,
+the files they read, the shards), a bundle was sent, a bundle came back (its status, worker,
+memory peak, the bytes of each read and from which server), the pool (about once a second:
+workers, their libraries, the calls each runs) and the run ended (its summary's figures).
+Each becomes one JSON line appended to a file (``events.jsonl`` in the cluster's run
+directory), flushed at most every :data:`FLUSH_S` and at every pool record, so the view lags
+the run by about a second and a run of many small bundles pays one ``write`` per flush.
+The live view's server tails the file (:class:`Tail`); the saved report reads it whole
+(:func:`read_events`). :class:`NullSink` does nothing (no view).
+
+Records are dicts with ``k`` (the kind) and ``t`` (``time.time()``); the kinds and their
+fields are the ``*_record`` functions below, and :mod:`datavine.dashboard.model` folds them.
+Standard library (and :mod:`datavine.io.shards`) only: the manager imports it in every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from datavine.io.shards import logical_name
+
+if TYPE_CHECKING:
+    from datavine.manager.runtime import Finished
+    from datavine.scheduler.graph import TaskGraph
+    from datavine.scheduler.run_state import Inflight, PoolSample, Submit
+    from datavine.scheduler.summary import RunSummary
+    from datavine.scheduler.topology import KnownWorker
+
+FLUSH_S = 0.5  # at most this long between a record and its write (pool records flush too)
+VERSION = 1
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False, default=str).encode
+
+
+class NullSink:
+    """A sink that records nothing: the driver's default when no view is open."""
+
+    enabled = False
+
+    def run_started(self, graph: TaskGraph, files_of: Callable[[Hashable], tuple[str, ...]],
+                    shardmap: Any) -> None:
+        """A run of ``graph`` starts; ``files_of(key)``: the files a task reads."""
+
+    def sent(self, ins: Submit, entry: Inflight | None) -> None:
+        """A bundle went out as call ``ins.call`` (``entry``: the state's record of it)."""
+
+    def done(self, call: int, finished: Finished) -> None:
+        """Call ``call`` came back (its status dict, or why there is none)."""
+
+    def pool(self, sample: PoolSample, workers: Iterable[KnownWorker]) -> None:
+        """A look at the pool, with the workers the run knows of."""
+
+    def run_ended(self, summary: RunSummary) -> None:
+        """The run ended (finished, failed or interrupted) with this summary."""
+
+    def expect_events(self, weights: Mapping[Hashable, int]) -> None:
+        """Physics events each task processes (``{key: events}``), for events/s."""
+
+    def local_processes(self, pids: Mapping[str, int]) -> None:
+        """PIDs of the workers started on this host (their memory and CPU are read there)."""
+
+    def pool_now(self, workers: Iterable[KnownWorker], libraries: Mapping[str, Any]) -> None:
+        """The pool outside a run (after the cluster started): workers and libraries."""
+
+    def close(self) -> None:
+        """No more records."""
+
+
+NO_SINK = NullSink()
+
+
+class EventSink(NullSink):
+    """JSON lines appended to ``path`` (see the module docstring); one per cluster, across
+    its runs (each run starts with a ``run`` record)."""
+
+    enabled = True
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.clock = clock
+        self._file: IO[bytes] | None = open(self.path, "ab")  # noqa: SIM115 (closed in close)
+        self._lines: list[str] = []
+        self._flushed = clock()
+        self._runs = 0
+        self._weights: dict[Hashable, int] = {}
+        self._tasks: dict[int, int] = {}  # call in flight -> its tasks
+        self.here = socket.gethostname()  # what a shard on loopback stands for
+        self.emit({"k": "hello", "pid": os.getpid(), "version": VERSION}, flush=True)
+
+    # --- the driver's calls -------------------------------------------------------------------
+    def run_started(self, graph: TaskGraph, files_of: Callable[[Hashable], tuple[str, ...]],
+                    shardmap: Any) -> None:
+        self._runs += 1
+        self._tasks.clear()
+        self.emit(run_record(self._runs, len(graph), file_tasks(graph.nodes, files_of),
+                             shard_places(shardmap, self.here)), flush=True)
+
+    def sent(self, ins: Submit, entry: Inflight | None) -> None:
+        keys = ins.keys
+        self._tasks[ins.call] = len(keys)
+        events = sum(self._weights.get(k, 0) for k in keys) if self._weights else 0
+        files = entry.bundle.files if entry is not None else ()
+        self.emit(sent_record(ins.call, len(keys), ins.cap_mb, ins.target.worker,
+                              ins.target.rack, files, events))
+
+    def done(self, call: int, finished: Finished) -> None:
+        self.emit(done_record(call, self._tasks.pop(call, 0), finished.result,
+                              finished.addrport, finished.failure))
+
+    def pool(self, sample: PoolSample, workers: Iterable[KnownWorker]) -> None:
+        self.emit(pool_record(workers, sample.libraries, sample.where, sample.states,
+                              sample.gone, sample.lost_addr, sample.workers, sample.cores),
+                  flush=True)
+
+    def pool_now(self, workers: Iterable[KnownWorker], libraries: Mapping[str, Any]) -> None:
+        known = list(workers)
+        self.emit(pool_record(known, libraries, {}, {}, (), (), len(known),
+                              sum(w.cores for w in known)), flush=True)
+
+    def run_ended(self, summary: RunSummary) -> None:
+        self._weights.clear()
+        self.emit(end_record(self._runs, summary), flush=True)
+
+    def expect_events(self, weights: Mapping[Hashable, int]) -> None:
+        self._weights.update(weights)
+
+    def local_processes(self, pids: Mapping[str, int]) -> None:
+        self.emit({"k": "procs", "pids": dict(pids)}, flush=True)
+
+    # --- the file -------------------------------------------------------------------------------
+    def emit(self, record: dict[str, Any], *, flush: bool = False) -> None:
+        """Append ``record`` (stamped with the time); written now when ``flush`` or when the
+        last write is older than :data:`FLUSH_S`."""
+        now = self.clock()
+        record["t"] = round(now, 3)
+        self._lines.append(_encode(record))
+        if flush or now - self._flushed >= FLUSH_S:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        self._flushed = self.clock() if now is None else now
+        if self._file is None or not self._lines:
+            return
+        data = ("\n".join(self._lines) + "\n").encode()
+        self._lines.clear()
+        try:
+            self._file.write(data)
+            self._file.flush()
+        except OSError:  # a full disk must not stop the run: the view stops instead
+            self.close()
+
+    def close(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            if self._lines:
+                self._file = file
+                self.flush()
+                self._file = None
+            file.close()
+
+
+# --- records (pure) -------------------------------------------------------------------------
+def run_record(run: int, tasks: int, files: Mapping[str, int],
+               shards: Mapping[str, Mapping[str, str | None]]) -> dict[str, Any]:
+    """A run starts: ``tasks`` in all, ``files`` (logical name -> tasks reading it), the
+    shards' racks and hosts."""
+    return {"k": "run", "run": run, "tasks": tasks, "files": dict(files),
+            "shards": {name: dict(place) for name, place in shards.items()}}
+
+
+def sent_record(call: int, tasks: int, cap_mb: float | None, worker: str | None,
+                rack: str | None, files: Iterable[str], events: int) -> dict[str, Any]:
+    """A bundle of ``tasks`` went out as ``call``, under ``cap_mb``, to a worker or rack
+    (or anywhere), reading ``files`` (URLs or paths) and processing ``events``."""
+    return {"k": "sent", "call": call, "n": tasks, "cap": cap_mb, "to": worker, "rack": rack,
+            "files": sorted({logical_name(f) for f in files}), "ev": events}
+
+
+def done_record(call: int, tasks: int, result: Mapping[str, Any] | None, addrport: str | None,
+                failure: str = "") -> dict[str, Any]:
+    """A call came back: its status (``died``: its worker or library died under it), the
+    worker, host and rack it ran on, seconds, memory peak and cap, each read as
+    ``[file, server, rack, bytes, failovers]``, and why it did not succeed."""
+    if result is None:
+        return {"k": "done", "call": call, "n": tasks, "status": "died", "addr": addrport,
+                "why": failure}
+    reads = [[r.get("lfn"), str(r.get("server")), r.get("rack"), int(r.get("bytes", 0)),
+              len(r.get("errors", ()))] for r in result.get("reads", ())]
+    record = {"k": "done", "call": call, "n": tasks, "status": str(result.get("status")),
+              "worker": result.get("worker"), "host": result.get("host"),
+              "rack": result.get("rack"), "addr": addrport,
+              "wall": round(float(result.get("wall_s") or 0.0), 4),
+              "peak": round(float(result.get("peak_mb") or 0.0), 1),
+              "cap": result.get("cap_mb"), "reads": reads}
+    if result.get("status") != "ok":
+        why = str(result.get("message") or "")
+        if result.get("server"):
+            why = f"{result.get('server')}: {why}"
+        record["why"] = why[:500]
+    return record
+
+
+def pool_record(workers: Iterable[KnownWorker], libraries: Mapping[str, Any],
+                where: Mapping[int, str], states: Mapping[int, str], gone: Iterable[str],
+                lost: Iterable[str], connected: int, cores: int) -> dict[str, Any]:
+    """The pool: each known worker (name, address, host, rack, cores, its library's state),
+    each running call's worker address, calls waiting, workers that left."""
+    rows = []
+    seen = set()
+    for w in workers:
+        library = libraries.get(w.addrport) if w.addrport else None
+        rows.append({"id": w.id, "addr": w.addrport, "host": w.host or _host(library),
+                     "rack": w.rack, "cores": w.cores, "lib": _state(library)})
+        seen.add(w.addrport)
+    for addr, library in libraries.items():  # connected, not known to placement yet
+        if addr not in seen:
+            rows.append({"id": addr, "addr": addr, "host": _host(library), "rack": None,
+                         "cores": 0, "lib": _state(library)})
+    queued = sum(1 for s in states.values() if s == "READY")
+    return {"k": "pool", "workers": rows, "calls": [[c, a] for c, a in where.items()],
+            "queued": queued, "gone": sorted(gone), "lost": sorted(lost),
+            "connected": connected, "cores": cores}
+
+
+def end_record(run: int, summary: RunSummary) -> dict[str, Any]:
+    """The run ended: its summary's figures (what ``--json`` records)."""
+    reads = summary.reads
+    return {"k": "end", "run": run, "summary": {
+        "tasks": summary.tasks, "bundles": summary.bundles, "retries": summary.retries,
+        "wall_s": round(summary.wall_s, 3), "workers": summary.workers,
+        "near_bytes": reads.near_bytes, "far_bytes": reads.far_bytes,
+        "opens": reads.opens, "failovers": reads.failovers,
+        "failures": list(summary.failures[:50]), "n_failures": len(summary.failures),
+        "lost_workers": list(summary.lost_workers), "timeouts": summary.timeouts,
+        "placement": dict(summary.placement),
+        "network": [dict(n) for n in summary.network]}}
+
+
+def file_tasks(nodes: Iterable[Hashable],
+               files_of: Callable[[Hashable], tuple[str, ...]]) -> dict[str, int]:
+    """Logical file name -> how many of the tasks read it."""
+    counts: Counter[str] = Counter()
+    for key in nodes:
+        for f in files_of(key):
+            counts[logical_name(f)] += 1
+    return dict(counts)
+
+
+def shard_places(shardmap: Any, here: str) -> dict[str, dict[str, str | None]]:
+    """Each shard's rack and host (``{}`` without a shard map); ``here``: this host's
+    name, which a shard on loopback is on."""
+    if shardmap is None:
+        return {}
+    from datavine.scheduler.racks import normal_host, url_host
+
+    places = {}
+    for s in shardmap.shards:
+        host = url_host(s.url)
+        places[s.name] = {"rack": s.rack, "host": normal_host(host, normal_host(here))
+                          if host else None}
+    return places
+
+
+def _state(library: Any) -> str | None:
+    return getattr(library, "state", None)
+
+
+def _host(library: Any) -> str | None:
+    return getattr(library, "host", None) or None
+
+
+# --- reading -------------------------------------------------------------------------------------
+class Tail:
+    """The records appended to ``path`` since the last read (a line still being written
+    waits for the next read)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        return list(parse(lines))
+
+
+def parse(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any]]:
+    """The records of ``lines`` (a line that is not a JSON object is skipped)."""
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "k" in record:
+            yield record
+
+
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every record of an events file."""
+    with open(path, "rb") as f:
+        return list(parse(f))
