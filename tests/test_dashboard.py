@@ -442,3 +442,29 @@ def test_each_page_has_models_of_its_own(tmp_path: Path) -> None:
         doc = Document()
         for root in build(board).roots:
             doc.add_root(root)
+
+
+def test_coffea_work_items_weigh_their_events() -> None:
+    """The executor tells the view each item's entries, for events/s."""
+    pytest.importorskip("coffea")
+    from types import SimpleNamespace
+
+    from datavine.coffea.executor import build_graph, expect_events
+    from datavine.coffea.tasks import ItemPolicy
+
+    items = [SimpleNamespace(filename=f"/d/f{i}.root", entrystart=100 * i,
+                             entrystop=100 * i + 50 + i) for i in range(5)]
+    graph, _ = build_graph(items, len, ItemPolicy(), 2, "coffea")
+    weighed: dict[Any, int] = {}
+    cluster = SimpleNamespace(dashboard=SimpleNamespace(expect_events=weighed.update))
+    expect_events(cluster, graph, items)
+    assert sorted(weighed.values()) == [50, 51, 52, 53, 54]
+    assert all(key[0] == "coffea-item" for key in weighed)
+    expect_events(SimpleNamespace(dashboard=None), graph, items)  # no view: nothing asked
+
+
+def test_a_closed_sink_keeps_nothing(tmp_path: Path) -> None:
+    sink = ev.EventSink(tmp_path / "e.jsonl")
+    sink.close()
+    sink.emit({"k": "sent", "call": 1}, flush=True)
+    assert not sink._lines and [r["k"] for r in ev.read_events(tmp_path / "e.jsonl")] == ["hello"]

@@ -6,10 +6,11 @@ appended to a file in the cluster's run directory). A separate process
 (:mod:`datavine.dashboard.server`, a Bokeh server started by
 :mod:`datavine.dashboard.launch`) tails that file, folds the records into the view's
 state (:mod:`datavine.dashboard.model`, pure; :mod:`datavine.dashboard.columns`, what the
-figures plot) and serves the figures (:mod:`datavine.dashboard.views`): TaskVine's ``Manager.wait`` holds the manager's GIL, so
-the view is served from a process of its own. :mod:`datavine.dashboard.report` renders the
-same figures into one self-contained HTML file.
+figures plot) and serves the figures (:mod:`datavine.dashboard.views`): TaskVine's
+``Manager.wait`` holds the manager's GIL, so the view is served from a process of its own.
+:mod:`datavine.dashboard.report` renders the same figures into one self-contained HTML file.
 
 Only :mod:`~datavine.dashboard.events` is imported by the manager during a run (standard
-library only); Bokeh (the ``dashboard`` extra) is imported by the server and the report.
+library and :mod:`datavine.io.shards` only); Bokeh (the ``dashboard`` extra) is imported
+by the server and the report.
 """

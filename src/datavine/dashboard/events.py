@@ -141,7 +141,9 @@ class EventSink(NullSink):
     # --- the file -------------------------------------------------------------------------------
     def emit(self, record: dict[str, Any], *, flush: bool = False) -> None:
         """Append ``record`` (stamped with the time); written now when ``flush`` or when the
-        last write is older than :data:`FLUSH_S`."""
+        last write is older than :data:`FLUSH_S`; nothing once closed."""
+        if self._file is None:
+            return
         now = self.clock()
         record["t"] = round(now, 3)
         self._lines.append(_encode(record))
