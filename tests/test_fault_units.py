@@ -276,7 +276,9 @@ def test_handlers_set_in_the_main_thread_can_be_closed_from_another() -> None:
 
     from datavine.deploy.signals import terminate_gracefully
 
-    before = signal.getsignal(signal.SIGTERM)
+    found = signal.getsignal(signal.SIGTERM)  # a cluster collected earlier may have left one
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    before = signal.SIG_DFL
     block = terminate_gracefully()
     block.__enter__()
     assert signal.getsignal(signal.SIGTERM) is not before
@@ -296,3 +298,4 @@ def test_handlers_set_in_the_main_thread_can_be_closed_from_another() -> None:
     with terminate_gracefully():
         assert signal.getsignal(signal.SIGTERM) is not before
     assert signal.getsignal(signal.SIGTERM) is before
+    signal.signal(signal.SIGTERM, found)
