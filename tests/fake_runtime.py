@@ -57,11 +57,10 @@ class FakeRuntime:
         self.restarts = 0
         self._ids = itertools.count(1)
         self._sandbox = Path(tempfile.mkdtemp(prefix="datavine-fake-"))
-        self.requeues = self  # read() below: nothing is ever requeued by "TaskVine" here
 
     # --- what GraphRun reads -------------------------------------------------------------
-    def read(self) -> list[int]:
-        return []
+    def requeued(self, now: float) -> list[int]:
+        return []  # nothing is ever requeued by "TaskVine" here
 
     def ensure_library(self) -> str:
         return "fake-library"

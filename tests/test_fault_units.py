@@ -15,11 +15,11 @@ import pytest
 from datavine.deploy import reaper as reaper_mod
 from datavine.deploy.sessions import kill_session, session_pids, stop_session
 from datavine.deploy.signals import Terminated, terminate_gracefully
+from datavine.manager.library_log import requeued_task
 from datavine.manager.runtime import (
     LibraryLogs,
     check_port_free,
     exec_command,
-    requeued_task,
     silence_tunes,
 )
 from datavine.worker.memcap import run_capped

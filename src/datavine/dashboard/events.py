@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from datavine.io.shards import logical_name
+from datavine.io.tail import LineTail
 
 if TYPE_CHECKING:
     from datavine.manager.runtime import Finished
@@ -288,20 +289,14 @@ class Tail:
     waits for the next read)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.offset = 0
-        self.partial = b""
+        self._lines = LineTail(path)
+
+    @property
+    def path(self) -> Path:
+        return self._lines.path
 
     def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except OSError:
-            return []
-        self.offset += len(chunk)
-        *lines, self.partial = (self.partial + chunk).split(b"\n")
-        return list(parse(lines))
+        return list(parse(self._lines.lines()))
 
 
 def parse(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any]]:

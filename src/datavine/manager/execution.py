@@ -102,7 +102,7 @@ class GraphRun:
 
     def _sample(self, now: float) -> PoolSample:
         gone, lost_addr = self.rt.drop_lost_workers()
-        requeued = frozenset(c for t in self.rt.requeues.read()
+        requeued = frozenset(c for t in self.rt.requeued(now)
                              if (c := self.calls.get(t)) is not None)
         states = {call: self.rt.call_state(task) for call, task in self.tasks.items()}
         self.rt.check_library()  # raises once the library keeps dying

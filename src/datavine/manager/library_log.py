@@ -1,8 +1,10 @@
-"""Each connected worker's library, from TaskVine's transactions log as it grows.
+"""TaskVine's transactions log as it grows: each connected worker's library, and the calls
+TaskVine put back in its queue by itself. Read once per look, for both.
 
 TaskVine records when it sends a worker the library (``LIBRARY <id> SENT <worker>``), when
 the library answers (``STARTED``), and when its task ends (``TASK <id> DONE ...``); the
-Python bindings expose none of it. :class:`LibraryLog` reads the new lines at each look and
+Python bindings expose none of it, nor a call's try count (:func:`requeued_task`).
+:class:`LibraryLog` reads the new lines at each look and
 keeps, per worker address, a :class:`datavine.scheduler.network.LibraryState` whose ``since``
 is the reader's clock when the line was read (within a second of TaskVine writing it), so a
 library "sent" and never started is seen by :class:`datavine.scheduler.network.NetworkWatch`.
@@ -10,9 +12,11 @@ library "sent" and never started is seen by :class:`datavine.scheduler.network.N
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 
+from datavine.io.tail import LineTail
 from datavine.scheduler.network import (
     LIBRARY_ENDED,
     LIBRARY_SENT,
@@ -44,13 +48,24 @@ def library_event(line: bytes) -> tuple[str, str, str] | None:
     return None
 
 
+def requeued_task(line: bytes) -> int | None:
+    """The task id of a transactions-log line that requeues a task (``TASK <id> READY
+    <category> <how> <attempt>`` with an attempt above 1: its worker or library died), else
+    None (pure)."""
+    fields = line.split(maxsplit=8)  # time pid TASK id READY category allocation attempt ...
+    if len(fields) >= 8 and fields[2] == b"TASK" and fields[4] == b"READY":
+        with contextlib.suppress(ValueError):
+            return int(fields[3]) if int(fields[7]) > 1 else None
+    return None
+
+
 class LibraryLog:
-    """Library states by worker address, from the transactions log at ``path``."""
+    """Library states by worker address, and the calls requeued since :meth:`requeued`,
+    from the transactions log at ``path``."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
+        self._tail = LineTail(path)
+        self._requeued: list[int] = []
         self.address: dict[str, str] = {}  # TaskVine worker id -> address (host:port)
         self.library_on: dict[str, str] = {}  # library task id -> worker id
         self.states: dict[str, LibraryState] = {}  # address -> its library
@@ -59,19 +74,19 @@ class LibraryLog:
     def read(self, now: float) -> dict[str, LibraryState]:
         """The states after the lines written since the last read (``now``: the caller's
         clock, recorded as the time of each change)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except OSError:
-            return self.states
-        self.offset += len(chunk)
-        *lines, self.partial = (self.partial + chunk).split(b"\n")
-        for line in lines:
+        for line in self._tail.lines():
             event = library_event(line)
             if event is not None:
                 self._apply(event, now)
+            elif (task := requeued_task(line)) is not None:
+                self._requeued.append(task)
         return self.states
+
+    def requeued(self, now: float) -> list[int]:
+        """Task ids TaskVine requeued since the last call (after reading new lines)."""
+        self.read(now)
+        out, self._requeued = self._requeued, []
+        return out
 
     def _apply(self, event: tuple[str, str, str], now: float) -> None:
         what, first, second = event

@@ -94,38 +94,6 @@ def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
             "long-timeout": max(2, third)}
 
 
-class RequeueLog:
-    """Calls TaskVine put back in its queue by itself (their worker or library died), read
-    from its transactions log as it grows: ``TASK <id> READY <category> <how> <attempt>``
-    lines with an attempt above 1. The log is TaskVine's record of every state change; the
-    Python bindings expose no try count."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def read(self) -> list[int]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except OSError:
-            return []
-        self.offset += len(chunk)
-        *lines, self.partial = (self.partial + chunk).split(b"\n")
-        return [task_id for line in lines if (task_id := requeued_task(line)) is not None]
-
-
-def requeued_task(line: bytes) -> int | None:
-    """The task id of a transactions-log line that requeues a task, else None (pure)."""
-    fields = line.split(maxsplit=8)  # time pid TASK id READY category allocation attempt ...
-    if len(fields) >= 8 and fields[2] == b"TASK" and fields[4] == b"READY":
-        with contextlib.suppress(ValueError):
-            return int(fields[3]) if int(fields[7]) > 1 else None
-    return None
-
-
 class LibraryLogs:
     """Library instances that died with a traceback, from their logs in TaskVine's run
     directory, read as they grow: a log is read again only past what was read of it, so a
@@ -283,7 +251,6 @@ class Runtime:
         self._addrports: set[str] = set()  # workers connected at the last status
         self._worker_counters: tuple[int, int] | None = None  # (joined, removed) then
         self._library_logs = LibraryLogs()
-        self.requeues = RequeueLog(self.info_dir / "vine-logs" / "transactions")
         self.libraries = LibraryLog(self.info_dir / "vine-logs" / "transactions")
         self._calls: dict[int, Any] = {}  # bundles' calls in TaskVine, by task id
         self.learned = Learned.fresh(self.run_config, here=local_host())  # handed to each run
@@ -635,16 +602,20 @@ class Runtime:
         return workers
 
     # --- the network: libraries that do not start, fallbacks (scheduler/network.py) -------
+    def requeued(self, now: float) -> list[int]:
+        """Task ids TaskVine put back in its queue by itself since the last look (their
+        worker or library died), from its transactions log (read once for this and
+        :meth:`library_states`)."""
+        return self.libraries.requeued(now)
+
     def library_states(self, now: float) -> dict[str, LibraryState]:
         """Each connected worker's library (address -> state since ``now`` or earlier),
-        from TaskVine's transactions log; host names from its worker list, looked up only
-        for workers not named yet."""
+        from TaskVine's transactions log; host names from the topology, which learned each
+        worker's host from TaskVine's worker list when it connected (no second look)."""
         self.libraries.read(now)
         if self.libraries.missing_hosts():
-            with contextlib.suppress(Exception):  # a status call must never break a run
-                self.libraries.name_hosts(
-                    {w["addrport"]: w["hostname"] for w in self._m.status("workers") or ()
-                     if isinstance(w, dict) and w.get("addrport") and w.get("hostname")})
+            self.libraries.name_hosts({w.addrport: w.host for w in self.topology.workers.values()
+                                       if w.addrport and w.host})
         return dict(self.libraries.states)
 
     def network_fallback(self, block: Sequence[str], unblock: Sequence[str],
