@@ -234,10 +234,14 @@ def memory_figure(source: ColumnDataSource, y_range: FactorRange) -> Any:
     return p
 
 
+def time_figure(title: str, name: str) -> Any:
+    """A figure over the run's time, as every time series of the view has."""
+    return figure(height=250, sizing_mode="stretch_width", title=title,
+                  x_axis_label="s since the run started", tools=TOOLS, name=name)
+
+
 def servers_figure(servers: ColumnDataSource, throughput: ColumnDataSource) -> Any:
-    p = figure(height=250, sizing_mode="stretch_width",
-               title="Gbps by XCache server (and in all)",
-               x_axis_label="s since the run started", tools=TOOLS, name="gbps-servers")
+    p = time_figure("Gbps by XCache server (and in all)", "gbps-servers")
     p.multi_line(xs="xs", ys="ys", line_color="colour", line_width=2, source=servers,
                  legend_field="server")
     p.line(x="t", y="total", line_color="black", line_dash="dashed", source=throughput,
@@ -248,9 +252,7 @@ def servers_figure(servers: ColumnDataSource, throughput: ColumnDataSource) -> A
 
 
 def nearness_figure(source: ColumnDataSource) -> Any:
-    p = figure(height=250, sizing_mode="stretch_width",
-               title="Gbps by nearness to the reading worker",
-               x_axis_label="s since the run started", tools=TOOLS, name="gbps-nearness")
+    p = time_figure("Gbps by nearness to the reading worker", "gbps-nearness")
     p.varea_stack(stackers=list(NEARNESS), x="t", source=source,
                   color=[NEARNESS_COLOURS[n] for n in NEARNESS], legend_label=list(NEARNESS),
                   alpha=0.8)
@@ -260,9 +262,7 @@ def nearness_figure(source: ColumnDataSource) -> Any:
 
 
 def rates_figure(source: ColumnDataSource) -> Any:
-    p = figure(height=250, sizing_mode="stretch_width",
-               title="events/s (left) and tasks/s (right)",
-               x_axis_label="s since the run started", tools=TOOLS, name="rates")
+    p = time_figure("events/s (left) and tasks/s (right)", "rates")
     p.line(x="t", y="events", line_width=2, color="#2ca02c", source=source,
            legend_label="events/s")
     p.yaxis.formatter = NumeralTickFormatter(format="0,0")
