@@ -71,15 +71,19 @@ def default_box_dir(name: str = "box") -> Path:
 
 
 def _run(argv: Sequence[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S,
-         check: bool = True) -> subprocess.CompletedProcess[str]:
+         check: bool = True, shown: Sequence[str] | None = None,
+         **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` bounded; a failure (with ``check``) names ``what`` and the command
+    (``shown``: the part of it worth showing)."""
+    command = " ".join(shown if shown is not None else argv)
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
+                              check=False, **kwargs)
     except subprocess.TimeoutExpired as exc:
-        raise BoxError(f"{what}: '{' '.join(argv)}' did not finish in {timeout_s:.0f} s") from exc
+        raise BoxError(f"{what}: '{command}' did not finish in {timeout_s:.0f} s") from exc
     if check and done.returncode != 0:
-        raise BoxError(f"{what}: '{' '.join(argv)}' failed ({done.returncode}): "
-                       f"{(done.stderr or done.stdout).strip()}")
+        raise BoxError(f"{what}: '{command}' failed ({done.returncode}): "
+                       f"{(done.stderr or done.stdout).strip()[-2000:]}")
     return done
 
 
@@ -211,16 +215,8 @@ class Box:
     def run(self, host: str, argv: Sequence[str], timeout_s: float = 60.0,
             check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` on ``host`` and wait for it (bounded)."""
-        try:
-            done = subprocess.run(self.exec_argv(host, argv), capture_output=True, text=True,
-                                  timeout=timeout_s, check=False, **kwargs)
-        except subprocess.TimeoutExpired as exc:
-            raise BoxError(f"on {host}: '{' '.join(argv)}' did not finish in "
-                           f"{timeout_s:.0f} s") from exc
-        if check and done.returncode != 0:
-            raise BoxError(f"on {host}: '{' '.join(argv)}' failed ({done.returncode}): "
-                           f"{(done.stderr or done.stdout).strip()[-2000:]}")
-        return done
+        return _run(self.exec_argv(host, argv), f"on {host}", timeout_s, check, shown=argv,
+                    **kwargs)
 
     def start(self, host: str, argv: Sequence[str], name: str, log: Path | None = None,
               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
