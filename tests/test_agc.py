@@ -122,6 +122,21 @@ def test_open_file_directory_and_tree_sources(files: list[Path]) -> None:
     assert by_path.events == 7_000
 
 
+def test_a_chunk_is_read_through_the_read_layer_and_accounted(files: list[Path]) -> None:
+    from datavine.apps.analysis.sources import LocalFiles
+    from datavine.io import reading
+
+    chunk = Chunk(str(files[0]), 2_000, 9_000)
+    with reading.reading(None) as ctx:
+        out = LocalFiles().process(chunk)
+    assert out.result == process_chunk(files[0], 2_000, 9_000)
+    assert out.servers == {"local": 1} and out.failovers == 0
+    [record] = ctx.records()
+    assert (record.lfn, record.server, record.rack) == (str(files[0]), "local", None)
+    # the whole open (header and metadata too), not only the branches' baskets
+    assert record.bytes > out.result.bytes_read > 0
+
+
 def test_make_chunks_covers_each_file_once(files: list[Path]) -> None:
     chunks = make_chunks(files, 6_000)
     assert all(isinstance(c, Chunk) for c in chunks)

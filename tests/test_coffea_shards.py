@@ -58,7 +58,7 @@ def samples_testbed(xcache_tools: None) -> Iterator[Any]:
 def shard_cluster(samples_testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Two workers, one per rack, reading through the testbed's shards."""
     import datavine
-    import datavine.io.xcache  # fast XRootD failover settings, inherited by the workers
+    import datavine.io.source.xrootd  # fast XRootD failover settings, inherited by the workers
 
     manager = datavine.ManagerConfig(run_dir=tmp_path_factory.mktemp("shard-cluster"))
     run = datavine.RunConfig(shardmap=samples_testbed.shard_map(), no_worker_timeout_s=30)

@@ -145,6 +145,18 @@ def test_choose_skips_unhealthy_and_falls_back_to_origin() -> None:
     assert health.failed(now=10.5) == sorted(s.name for s in ranked[1:])
 
 
+def test_in_line_is_the_healthy_shards_in_failover_order_then_the_origin() -> None:
+    smap = _map([f"s{i}" for i in range(4)], origin="root://origin:1094")
+    health = ShardHealth(cooldown_s=10)
+    url = "root://redirector:1094//store/x.root"
+    ranked = smap.ranked(url)
+    assert [s.name for s in smap.in_line(url, health, now=0)] == [
+        *(s.name for s in ranked), "origin"]
+    health.mark_failed(ranked[1], now=0)
+    assert smap.in_line(url, health, now=1) == [ranked[0], *ranked[2:], smap.origin]
+    assert smap.in_line(url, health, now=11) == [*ranked, smap.origin]
+
+
 def test_cooldown_grows_with_repeated_failures_and_resets_on_success() -> None:
     health = ShardHealth(cooldown_s=10, max_cooldown_s=25)
     assert health.mark_failed("a", now=0) == 10
@@ -161,7 +173,8 @@ def test_no_origin_and_all_down_raises() -> None:
     health = ShardHealth()
     for s in smap.shards:
         health.mark_failed(s, now=0)
-    with pytest.raises(NoShardAvailableError, match="no origin"):
+    with pytest.raises(NoShardAvailableError, match=r"/f\.root: all 2 shards .*\(a, b\).*no "
+                                                    r"origin"):
         smap.choose("/f.root", health, now=1)
 
 

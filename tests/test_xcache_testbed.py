@@ -14,11 +14,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from datavine.io.shards import ShardHealth, ShardMap
+from datavine.io.source.base import OpenRecord, bytes_requested
+from datavine.io.source.handles import open_file
+from datavine.io.source.xcache import ShardedSource
 from tests.fixtures_xcache import xcache_lfns
 
 pytestmark = pytest.mark.xcache
@@ -29,11 +33,13 @@ BRANCHES = ["Jet_pt", "nJet"]
 
 
 def _read(url: str, **kwargs: object) -> tuple[dict[str, np.ndarray], int]:
-    from datavine.io.xcache.reader import bytes_read, uproot_open
-
-    with uproot_open(url, **kwargs) as f:
+    with open_file(url, **kwargs) as f:
         arrays = f["Events"].arrays(BRANCHES, library="np")
-        return arrays, bytes_read(f)
+        return arrays, bytes_requested(f)
+
+
+def _open_on_shards(url: str, smap: ShardMap, health: ShardHealth) -> tuple[Any, OpenRecord]:
+    return ShardedSource(smap, health).open(url, open_file)
 
 
 def _local(data: Path, lfn: str) -> dict[str, np.ndarray]:
@@ -125,8 +131,6 @@ def test_second_pass_is_served_from_the_caches(xcache_testbed, two_passes) -> No
 
 
 def test_stopped_shard_fails_over_in_seconds(xcache_testbed, xcache_data) -> None:
-    from datavine.io.xcache.reader import open_with_failover
-
     tb = xcache_testbed
     smap: ShardMap = tb.shard_map()
     lfn = FAILOVER_FILES[0]
@@ -137,7 +141,7 @@ def test_stopped_shard_fails_over_in_seconds(xcache_testbed, xcache_data) -> Non
     tb.stop_shard(index)
     try:
         t0 = time.monotonic()
-        f, record = open_with_failover(url, smap, health)
+        f, record = _open_on_shards(url, smap, health)
         elapsed = time.monotonic() - t0
         with f:
             arrays = f["Events"].arrays(BRANCHES, library="np")
@@ -148,9 +152,10 @@ def test_stopped_shard_fails_over_in_seconds(xcache_testbed, xcache_data) -> Non
         assert record.failovers == 1
         assert record.errors[0][0] == owner.name
         assert record.server == smap.ranked(lfn)[1].name
+        assert record.home == owner.name and record.away
         assert not health.is_healthy(owner, time.monotonic())
         # While it cools down, the failed shard is not tried again.
-        f2, again = open_with_failover(url, smap, health)
+        f2, again = _open_on_shards(url, smap, health)
         f2.close()
         assert again.failovers == 0 and again.server == record.server
     finally:
@@ -170,8 +175,6 @@ def test_stopped_shard_fails_over_in_seconds(xcache_testbed, xcache_data) -> Non
 
 def test_hung_shard_fails_over_within_seconds(xcache_testbed, xcache_data) -> None:
     """A shard that accepts connections but never answers (SIGSTOP), not only a dead one."""
-    from datavine.io.xcache.reader import open_with_failover
-
     tb = xcache_testbed
     smap = tb.shard_map()
     lfn = FAILOVER_FILES[3]
@@ -181,7 +184,7 @@ def test_hung_shard_fails_over_within_seconds(xcache_testbed, xcache_data) -> No
     os.kill(server.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        f, record = open_with_failover(tb.origin_url + "/" + lfn, smap, health)
+        f, record = _open_on_shards(tb.origin_url + "/" + lfn, smap, health)
         elapsed = time.monotonic() - t0
     finally:
         os.kill(server.pid, signal.SIGCONT)
@@ -192,8 +195,6 @@ def test_hung_shard_fails_over_within_seconds(xcache_testbed, xcache_data) -> No
 
 
 def test_all_shards_down_falls_back_to_the_origin(xcache_testbed, xcache_data) -> None:
-    from datavine.io.xcache.reader import open_with_failover
-
     tb = xcache_testbed
     smap = tb.shard_map()
     lfn = FAILOVER_FILES[1]
@@ -201,7 +202,7 @@ def test_all_shards_down_falls_back_to_the_origin(xcache_testbed, xcache_data) -
     now = time.monotonic()
     for shard in smap.shards:
         health.mark_failed(shard, now)
-    f, record = open_with_failover(tb.origin_url + "/" + lfn, smap, health, now=now)
+    f, record = _open_on_shards(tb.origin_url + "/" + lfn, smap, health)
     with f:
         assert _same(f["Events"].arrays(BRANCHES, library="np"), _local(xcache_data, lfn))
     assert record.via_origin and record.failovers == 0

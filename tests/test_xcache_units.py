@@ -1,4 +1,5 @@
-"""XCache pieces that need no server: config text, statistics parsing, failover logic."""
+"""XCache pieces that need no server: config text, statistics parsing, the read layer's
+choice of way, failover and accounting (with fake openers)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from datavine.io.shards import Shard, ShardHealth, ShardMap
+from datavine.io import reading
+from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap
+from datavine.io.source.base import InputUnavailableError, OpenRecord, bytes_requested
+from datavine.io.source.local import LocalSource
+from datavine.io.source.xcache import ShardedSource
+from datavine.io.source.xrootd import DirectSource, configure_xrootd_client
 from datavine.io.xcache.config import ServerPaths, origin_config, shard_config
-from datavine.io.xcache.reader import (
-    InputUnavailableError,
-    bytes_read,
-    configure_xrootd_client,
-    open_with_failover,
-)
 from datavine.io.xcache.stats import parse_cinfo_json, parse_origin_log, parse_summary
 from datavine.io.xcache.unix import check_reachable, free_ports
 
@@ -84,6 +84,10 @@ def _map() -> ShardMap:
                     origin="root://origin:1")
 
 
+def _at(now: float):
+    return lambda: now
+
+
 def test_failover_tries_shards_in_rank_order_then_origin() -> None:
     smap, health = _map(), ShardHealth(cooldown_s=30)
     lfn = "/store/x.root"
@@ -98,29 +102,47 @@ def test_failover_tries_shards_in_rank_order_then_origin() -> None:
             raise OSError(f"[FATAL] Connection error {host}")
         return url
 
-    handle, rec = open_with_failover("root://origin:1//store/x.root", smap, health,
-                                     open_fn=fake_open, now=100.0)
+    handle, rec = ShardedSource(smap, health, clock=_at(100.0)).open(
+        "root://origin:1//store/x.root", fake_open)
     assert tried == order[:3]
     assert handle == f"root://{order[2]}:1//store/x.root"
-    assert (rec.server, rec.failovers, rec.lfn) == (order[2], 2, lfn)
+    assert (rec.server, rec.failovers, rec.lfn, rec.home) == (order[2], 2, lfn, order[0])
+    assert rec.away
     assert [e[0] for e in rec.errors] == order[:2]
     assert rec.rack == next(s.rack for s in smap.shards if s.name == order[2])
     assert not health.is_healthy(order[0], 101.0) and health.is_healthy(order[2], 101.0)
 
     down.add(order[2])
     tried.clear()
-    handle, rec = open_with_failover(lfn, smap, health, open_fn=fake_open, now=101.0)
+    handle, rec = ShardedSource(smap, health, clock=_at(101.0)).open(lfn, fake_open)
     assert tried == [order[2], "origin"] and rec.via_origin and rec.failovers == 1
+
+    # once the cool-downs are over, the home shard serves again and is marked healthy
+    down.clear()
+    tried.clear()
+    _, rec = ShardedSource(smap, health, clock=_at(1000.0)).open(lfn, fake_open)
+    assert tried == [order[0]] and rec.server == order[0] and not rec.away
+    assert health.failed(1000.0) == []
 
 
 def test_failover_gives_up_with_every_attempt_named() -> None:
     def broken(url: str) -> None:
         raise TimeoutError("socket timeout")
 
-    with pytest.raises(InputUnavailableError, match="origin: TimeoutError") as err:
-        open_with_failover("/f.root", _map(), ShardHealth(), open_fn=broken, now=0.0)
+    with pytest.raises(InputUnavailableError, match=r"cannot open /f\.root: .*origin: "
+                                                    r"TimeoutError") as err:
+        ShardedSource(_map(), ShardHealth(), clock=_at(0.0)).open("/f.root", broken)
     assert [name for name, _ in err.value.attempts][-1] == "origin"
     assert len(err.value.attempts) == 4
+
+
+def test_no_shard_and_no_origin_names_the_file_and_the_shards() -> None:
+    smap = ShardMap(Shard(f"root://s{i}:1", name=f"s{i}") for i in range(2))
+    health = ShardHealth()
+    for shard in smap.shards:
+        health.mark_failed(shard, 0.0)
+    with pytest.raises(NoShardAvailableError, match=r"/store/f.root: .*\(s0, s1\)"):
+        ShardedSource(smap, health, clock=_at(1.0)).open("root://o//store/f.root", str)
 
 
 def test_non_io_errors_are_not_failovers() -> None:
@@ -129,14 +151,92 @@ def test_non_io_errors_are_not_failovers() -> None:
 
     health = ShardHealth()
     with pytest.raises(KeyError):
-        open_with_failover("/f.root", _map(), health, open_fn=buggy, now=0.0)
+        ShardedSource(_map(), health, clock=_at(0.0)).open("/f.root", buggy)
     assert health.failed(now=0.0) == []
 
 
-def test_bytes_read_from_file_or_directory() -> None:
+def test_one_server_ways_open_as_given_and_raise_the_openers_error() -> None:
+    handle, rec = LocalSource().open("/data//a.root", lambda url, **kw: (url, kw), mode="r")
+    assert handle == ("/data//a.root", {"mode": "r"})
+    assert (rec.server, rec.lfn, rec.rack, rec.failovers, rec.away) == (
+        "local", "/data/a.root", None, 0, False)
+    _, rec = DirectSource().open("root://h:1//store/a.root", str)
+    assert (rec.server, rec.url) == ("direct", "root://h:1//store/a.root")
+
+    def missing(url: str) -> None:
+        raise FileNotFoundError(url)
+
+    with pytest.raises(FileNotFoundError, match=r"/nowhere\.root"):
+        LocalSource().open("/nowhere.root", missing)
+
+
+def test_the_way_follows_the_url_and_the_shard_map() -> None:
+    smap = _map()
+    assert isinstance(reading.source_for("/data/a.root", smap), LocalSource)
+    assert isinstance(reading.source_for("root://h//a.root", None), DirectSource)
+    way = reading.source_for("root://h//a.root", smap)
+    assert isinstance(way, ShardedSource) and way.shardmap is smap
+    assert way.health is reading.shard_health()  # one per process, across bundles
+
+
+def _sized(url: str, **options: object) -> SimpleNamespace:
+    """A fake handle whose source was asked for as many bytes as its URL has characters."""
+    return SimpleNamespace(url=url, source=SimpleNamespace(num_requested_bytes=len(url)))
+
+
+def test_reads_in_a_bundle_are_recorded_with_their_bytes(monkeypatch) -> None:
+    smap = _map()
+    lfn = "/store/x.root"
+    home = smap.shard_for(lfn)
+    monkeypatch.setattr(reading, "_health", ShardHealth())
+    assert reading.current() is None
+    with reading.reading(smap) as ctx:
+        assert reading.current() is ctx
+        reading.open_served("/data/a.root", opener=_sized)
+        handle, served = reading.open_served("root://origin:1/" + lfn, opener=_sized)
+        reading.open_served("root://other:1//b.root", shardmap=None, opener=_sized)
+    assert reading.current() is None
+    assert handle.url == smap.rewrite(lfn, home) and served.server == home.name
+    assert [(r.lfn, r.server, r.rack, r.bytes) for r in ctx.records()] == [
+        ("/data/a.root", "local", None, len("/data/a.root")),
+        (lfn, home.name, home.rack, len(handle.url)),
+        ("/b.root", smap.shard_for("/b.root").name, smap.shard_for("/b.root").rack,
+         len(smap.rewrite("/b.root"))),
+    ]
+    assert ctx.shards_since(0) == [home.name, smap.shard_for("/b.root").name]
+    assert ctx.shards_since(2) == [smap.shard_for("/b.root").name]
+    # outside a bundle: nothing recorded, a URL opened as given
+    handle, served = reading.open_served("root://other:1//b.root", opener=_sized)
+    assert (handle.url, served.server) == ("root://other:1//b.root", "direct")
+
+
+def test_a_failed_read_cools_its_shards_down_and_counts_as_a_failover(monkeypatch) -> None:
+    smap = _map()
+    monkeypatch.setattr(reading, "_health", ShardHealth(cooldown_s=30))
+    with reading.reading(smap) as ctx:
+        reading.open_served("/data/a.root", opener=_sized)
+        first = len(ctx.opened)
+        _, served = reading.open_served("root://origin:1//store/x.root", opener=_sized)
+        ctx.fail_shards_since(first, "OSError: [FATAL] Socket timeout", now=5.0)
+    records = ctx.records()
+    assert records[0].errors == ()  # the local file is not a shard
+    assert records[1].errors == ((served.server, "OSError: [FATAL] Socket timeout"),)
+    assert not reading.shard_health().is_healthy(served.server, 6.0)
+    assert reading.shard_health().is_healthy(served.server, 36.0)
+
+
+def test_bytes_requested_from_a_source_file_or_directory() -> None:
     source = SimpleNamespace(num_requested_bytes=1234)
-    assert bytes_read(SimpleNamespace(source=source)) == 1234
-    assert bytes_read(SimpleNamespace(file=SimpleNamespace(source=source))) == 1234
+    assert bytes_requested(source) == 1234
+    assert bytes_requested(SimpleNamespace(source=source)) == 1234
+    assert bytes_requested(SimpleNamespace(file=SimpleNamespace(source=source))) == 1234
+    assert bytes_requested(object()) == 0
+
+
+def test_open_record_away_needs_a_home() -> None:
+    rec = OpenRecord("/a", "root://s1//a", "s1", None, 0, (), 0.0)
+    assert not rec.away and not rec.via_origin
+    assert OpenRecord("/a", "root://o//a", "origin", None, 0, (), 0.0, home="s0").away
 
 
 def test_client_environment_is_set_without_overriding_the_user(monkeypatch) -> None:

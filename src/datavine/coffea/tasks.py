@@ -31,17 +31,17 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import cloudpickle
 
 from datavine.coffea.badfiles import classify, missing_module
-from datavine.coffea.source import shards_used_since
 from datavine.errors import DatavineError
 from datavine.io import reading
 
 _MAX_CAUSES = 16
 _MAX_TEXT = 4000
+Item = TypeVar("Item")  # a coffea WorkItem
 
 
 class ItemFailedError(RuntimeError):
@@ -56,11 +56,11 @@ class WorkerImportError(DatavineError):
         super().__init__(message)
         self.module = module
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type[WorkerImportError], tuple[str, str]]:
         return (type(self), (str(self), self.module))
 
     @classmethod
-    def of(cls, exc: BaseException, item: Any, index: int) -> WorkerImportError:
+    def of(cls, exc: BaseException, item: object, index: int) -> WorkerImportError:
         module = missing_module(exc) or ""
         named = f"module {module!r}" if module else "a module"
         fix = (f"DatavineExecutor(pickle_by_value=({module.split('.')[0]!r},))" if module
@@ -114,7 +114,7 @@ class ItemFailure:
     causes: list[bytes | None] = field(default_factory=list)
 
     @classmethod
-    def capture(cls, index: int, item: Any, exc: BaseException, attempts: int,
+    def capture(cls, index: int, item: object, exc: BaseException, attempts: int,
                 skipped: bool, reason: str) -> ItemFailure:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return cls(index, repr(item)[:_MAX_TEXT], _filename(item),
@@ -142,7 +142,7 @@ class ItemFailure:
 class Partial:
     """The merge of some items' outputs, plus the failures among them."""
 
-    value: Any = None
+    value: object = None  # the accumulator (compressed: see compress)
     items: int = 0
     failures: list[ItemFailure] = field(default_factory=list)
 
@@ -150,14 +150,14 @@ class Partial:
 MAX_FAILOVERS = 8  # shards an item may move through after XRootD errors in its reads
 
 
-def run_item(function: Callable[[Any], Any], item: Any, index: int,
+def run_item(function: Callable[[Item], object], item: Item, index: int,
              policy: ItemPolicy) -> Partial:
     """Run ``function(item)`` under ``policy``. Raises only :class:`WorkerImportError`."""
     with item_files(policy):
         return _run_item(function, item, index, policy)
 
 
-def _run_item(function: Callable[[Any], Any], item: Any, index: int,
+def _run_item(function: Callable[[Item], object], item: Item, index: int,
               policy: ItemPolicy) -> Partial:
     ctx = reading.current()
     attempts = failovers = 0
@@ -171,7 +171,7 @@ def _run_item(function: Callable[[Any], Any], item: Any, index: int,
             verdict = classify(exc, policy.skipbadfiles)
             if verdict.load_error:
                 raise WorkerImportError.of(exc, item, index) from None
-            shards = shards_used_since(ctx, first_read)
+            shards = ctx.shards_since(first_read) if ctx is not None else []
             if shards and verdict.reason == "xrootd" and failovers < MAX_FAILOVERS:
                 _fail_over(ctx, first_read, exc)
                 failovers += 1
@@ -199,14 +199,8 @@ def _fail_over(ctx: reading.ReadContext | None, first_read: int, exc: BaseExcept
     """Cool down the shards the failed attempt read from, and note the error on their read
     records (the run summary counts it as a failover; the library learns the shard)."""
     assert ctx is not None
-    now = time.monotonic()
-    message = f"{type(exc).__name__}: {str(exc)[:300]}"
-    for i in range(first_read, len(ctx.opened)):
-        handle, lfn, server, rack, failovers, errors = ctx.opened[i]
-        if server in ("local", "direct", "origin"):
-            continue
-        reading.shard_health().mark_failed(server, now)
-        ctx.opened[i] = (handle, lfn, server, rack, failovers, (*errors, (server, message)))
+    ctx.fail_shards_since(first_read, f"{type(exc).__name__}: {str(exc)[:300]}",
+                          time.monotonic())
 
 
 @contextlib.contextmanager
@@ -284,7 +278,7 @@ def merge_partials(parts: Sequence[Partial], compression: int | None) -> Partial
         return Partial(None, 0, [*failures, failure])
 
 
-def compress(value: Any, level: int | None) -> Any:
+def compress(value: object, level: int | None) -> object:
     """``value`` as lz4-compressed pickle at ``level``, or as is when ``level`` is None."""
     if value is None or level is None:
         return value
@@ -294,7 +288,7 @@ def compress(value: Any, level: int | None) -> Any:
     return _Compressed(lz4.frame.compress(blob, compression_level=level))
 
 
-def decompress(value: Any) -> Any:
+def decompress(value: object) -> object:
     if isinstance(value, _Compressed):
         import lz4.frame
 
@@ -309,7 +303,7 @@ class _Compressed:
     blob: bytes
 
 
-def _filename(item: Any) -> str | None:
+def _filename(item: object) -> str | None:
     name = getattr(item, "filename", None)
     return str(name) if name is not None else None
 

@@ -31,7 +31,7 @@ from datavine.config import LocalWorkersConfig
 from datavine.deploy.binaries import vine_binary
 from datavine.deploy.reaper import reaper
 from datavine.deploy.sessions import kill_session, stop_session
-from datavine.io.xcache.reader import XRD_CLIENT_ENV
+from datavine.io.source.xrootd import XRD_CLIENT_ENV
 from datavine.scheduler.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_of, worker_feature
 
 STOP_GRACE_S = 5.0

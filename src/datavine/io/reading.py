@@ -1,13 +1,24 @@
-"""Reading input files from tasks: through the run's XCache shards, and accounted for.
+"""Reading input files: the one entry point, choosing the way to each file and accounting it.
 
-Task code opens its inputs with :func:`open_input` (a URL or a path). Inside a datavine
-bundle the runtime has installed a :class:`ReadContext` (the run's shard map and the
-library process's shard health, which persists across bundles): the file is opened on its
-shard with fast failover (:func:`datavine.io.xcache.reader.open_with_failover`), and each open
-is recorded with the bytes uproot requested from it. The bundle's result carries these
-records back; the manager compares each shard's rack with the worker's rack and reports
-bytes near and far. Outside a bundle (on the client, in a plain loop) ``open_input`` is
-``uproot.open``.
+Every read of an input goes through :func:`open_served` (after ``uproot.reading``, which
+picks an ``uproot.source``): :func:`source_for` picks the way to the file
+(:mod:`datavine.io.source`: a local path as it is, a ``root://`` URL on its XCache shard with
+fast failover when there is a shard map, else as given), the way opens it with an opener
+(:mod:`datavine.io.source.handles`), and the open is recorded in the bundle's
+:class:`ReadContext`. Its callers:
+
+- :func:`open_input` (``datavine.open_input``): task code, an uproot file;
+- :func:`open_source`: an uproot source, for :class:`datavine.coffea.DatavineSource`;
+- :mod:`datavine.apps.analysis.sources`, which also reports who served each chunk.
+
+Inside a datavine bundle the runtime has installed a :class:`ReadContext` (:func:`reading`:
+the run's shard map and this process's shard health, which persists across bundles). Each
+open is recorded with the bytes its handle requested; the bundle's result carries these
+:class:`ReadRecord` back, and the run summary counts them near (a local file, or a shard in
+the worker's rack) or far (another rack's shard, the origin, a direct URL). A read that
+fails after its open is failed over by the caller (:meth:`ReadContext.fail_shards_since`).
+Outside a bundle (on the client, in a plain loop) nothing is recorded and, without a
+``shardmap``, files are opened as given.
 
 Imported on workers: uproot and XRootD are imported only when a file is opened.
 """
@@ -15,24 +26,55 @@ Imported on workers: uproot and XRootD are imported only when a file is opened.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from datavine.io.shards import ShardHealth, ShardMap, logical_name
+from datavine.io.shards import ShardHealth, ShardMap
+from datavine.io.source.base import (
+    UNSHARDED,
+    Opener,
+    OpenRecord,
+    Source,
+    bytes_requested,
+    is_input_error,
+    raised_in_xrootd_client,
+)
+from datavine.io.source.handles import make_source, open_file
+from datavine.io.source.local import LocalSource
+
+__all__ = [
+    "Opened", "ReadContext", "ReadRecord", "current", "is_input_error", "open_input",
+    "open_served", "open_source", "raised_in_xrootd_client", "reading", "shard_health",
+    "source_for",
+]
 
 
 @dataclass(frozen=True)
 class ReadRecord:
-    """One input opened by a task: where from, how many bytes, after how many failovers."""
+    """One input opened by a task: where from, how many bytes, after how many failovers.
+
+    What a bundle's result carries back (as a dict); the run summary, the dashboard and the
+    network findings read these fields."""
 
     lfn: str
-    server: str  # shard name, "origin", or "local"
-    rack: str | None  # rack of that server (None: origin or local file)
+    server: str  # shard name, "origin", "local" or "direct"
+    rack: str | None  # rack of that server (None: origin, local file or direct URL)
     bytes: int
     failovers: int = 0
     errors: tuple[tuple[str, str], ...] = ()
+
+
+class Opened(NamedTuple):
+    """One open in a :class:`ReadContext`: the handle (its bytes are read at the end) and
+    where it came from."""
+
+    handle: Any
+    lfn: str
+    server: str
+    rack: str | None
+    failovers: int
+    errors: tuple[tuple[str, str], ...]
 
 
 @dataclass
@@ -41,16 +83,32 @@ class ReadContext:
 
     shardmap: ShardMap | None = None
     health: ShardHealth = field(default_factory=ShardHealth)
-    opened: list[tuple[Any, str, str, str | None, int, tuple[tuple[str, str], ...]]] = field(
-        default_factory=list)
+    opened: list[Opened] = field(default_factory=list)
+
+    def add(self, handle: Any, record: OpenRecord) -> None:
+        self.opened.append(Opened(handle, record.lfn, record.server, record.rack,
+                                  record.failovers, record.errors))
 
     def records(self) -> list[ReadRecord]:
         """The reads so far, with the bytes each file's source was asked for."""
-        out = []
-        for handle, lfn, server, rack, failovers, errors in self.opened:
-            out.append(ReadRecord(lfn, server, rack, _requested_bytes(handle), failovers,
-                                  errors))
-        return out
+        return [ReadRecord(o.lfn, o.server, o.rack, bytes_requested(o.handle), o.failovers,
+                           o.errors) for o in self.opened]
+
+    def shards_since(self, start: int = 0) -> list[str]:
+        """Shards (not local files, direct URLs or the origin) opened after the first
+        ``start`` opens."""
+        return [o.server for o in self.opened[start:] if o.server not in UNSHARDED]
+
+    def fail_shards_since(self, start: int, message: str, now: float) -> None:
+        """A read failed after the first ``start`` opens: the shards opened since cool down
+        in this process's health, and each of those opens notes ``message`` as a failover
+        (the run summary counts it; the library learns the shard)."""
+        for i in range(start, len(self.opened)):
+            o = self.opened[i]
+            if o.server in UNSHARDED:
+                continue
+            self.health.mark_failed(o.server, now)
+            self.opened[i] = o._replace(errors=(*o.errors, (o.server, message)))
 
 
 _context: ReadContext | None = None
@@ -79,57 +137,44 @@ def reading(shardmap: ShardMap | None) -> Iterator[ReadContext]:
         _context = previous
 
 
-def open_input(url: str, *, shardmap: ShardMap | None = None, **kwargs: Any) -> Any:
+def source_for(url: str, shardmap: ShardMap | None) -> Source:
+    """The way to ``url``: a local path as it is; a URL through ``shardmap``'s XCache shards
+    (with this process's shard health) when there is one, else as given."""
+    if "://" not in url:
+        return LocalSource()
+    # Imported here: importing them sets the XRootD client's environment, which only
+    # processes that open URLs need.
+    if shardmap is None:
+        from datavine.io.source.xrootd import DirectSource
+
+        return DirectSource()
+    from datavine.io.source.xcache import ShardedSource
+
+    return ShardedSource(shardmap, _health)
+
+
+def open_served(url: str, *, shardmap: ShardMap | None = None, opener: Opener = open_file,
+                **options: Any) -> tuple[Any, OpenRecord]:
+    """Open ``url`` the way :func:`source_for` picks, with ``opener(target, **options)``
+    (default: ``uproot.open``); returns the handle and how it was opened, recorded in the
+    bundle's read context. ``shardmap`` overrides the run's (``RunConfig.shardmap``)."""
+    ctx = _context
+    shards = shardmap if shardmap is not None else (ctx.shardmap if ctx is not None else None)
+    handle, record = source_for(url, shards).open(url, opener, **options)
+    if ctx is not None:
+        ctx.add(handle, record)
+    return handle, record
+
+
+def open_input(url: str, *, shardmap: ShardMap | None = None, **options: Any) -> Any:
     """Open an input file with uproot: on its XCache shard inside a datavine run.
 
     ``shardmap`` overrides the run's (``RunConfig.shardmap``); reads are accounted either way.
     """
-    from datavine.io.xcache.reader import open_with_failover, uproot_open
-
-    ctx = _context
-    shards = shardmap if shardmap is not None else (ctx.shardmap if ctx is not None else None)
-    if shards is None or "://" not in url:
-        local = "://" not in url
-        if local:
-            import uproot
-
-            kwargs.setdefault("handler", uproot.source.file.MemmapSource)
-        handle = uproot_open(url, **kwargs)
-        if ctx is not None:
-            ctx.opened.append((handle, logical_name(url), "local" if local else "direct",
-                               None, 0, ()))
-        return handle
-    handle, record = open_with_failover(url, shards, _health, now=time.monotonic(), **kwargs)
-    if ctx is not None:
-        ctx.opened.append((handle, record.lfn, record.server, record.rack, record.failovers,
-                           record.errors))
-    return handle
+    return open_served(url, shardmap=shardmap, **options)[0]
 
 
-def _requested_bytes(handle: Any) -> int:
-    for path in ("source", "file.source"):
-        obj = handle
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-        if obj is not None and hasattr(obj, "num_requested_bytes"):
-            return int(obj.num_requested_bytes)
-    return 0
-
-
-XROOTD_CLIENT_PATH = "/XRootD/client/"  # where the XRootD Python client's modules live
-
-
-def raised_in_xrootd_client(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised from inside the XRootD client (for example ``ValueError: I/O
-    operation on closed file`` from a file handle that fsspec-xrootd keeps cached after its
-    server went away, in a long-lived process)."""
-    tb, last = exc.__traceback__, None
-    while tb is not None:
-        last, tb = tb, tb.tb_next
-    return last is not None and XROOTD_CLIENT_PATH in last.tb_frame.f_code.co_filename
-
-
-def is_input_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failure to read an input: an ``OSError``, or anything raised from
-    inside the XRootD client."""
-    return isinstance(exc, OSError) or raised_in_xrootd_client(exc)
+def open_source(url: str, **options: Any) -> Any:
+    """The uproot source of ``url`` (on its shard when the bundle has a shard map), recorded
+    in the bundle's read context: the source counts every byte uproot asks of it."""
+    return open_served(url, opener=make_source, **options)[0]

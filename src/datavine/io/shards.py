@@ -4,10 +4,14 @@ Inputs are spread over N XCache servers by rendezvous (highest-random-weight) ha
 file's *logical name*: the path part of its URL, so ``root://origin//store/a.root`` and
 ``root://other-redirector:1094//store/a.root`` land on the same shard. Rendezvous hashing
 keeps the map balanced and moves only ~1/N of the files when a shard is added or removed,
-and gives every file a full failover order (:meth:`ShardMap.ranked`) for free.
+and gives every file a full failover order (:meth:`ShardMap.ranked`) for free;
+:meth:`ShardMap.in_line` is who to try next for a file, given which shards failed recently
+(:class:`ShardHealth`).
 
 The hash is blake2b, never Python's ``hash()``, so every process (manager, workers, tests)
-computes the same map. This module is pure: no I/O, no clocks; callers pass ``now``.
+computes the same map. This module is pure: no I/O, no clocks; callers pass ``now``. The
+scheduler decides placement with it; the read layer (:mod:`datavine.io.source.xcache`) opens
+files with it.
 """
 
 from __future__ import annotations
@@ -172,19 +176,26 @@ class ShardMap:
     def rack_for(self, lfn_or_url: str) -> str | None:
         return self.shard_for(lfn_or_url).rack
 
-    def choose(self, lfn_or_url: str, health: ShardHealth, now: float) -> Shard:
-        """The first healthy shard in failover order, else the origin.
+    def in_line(self, lfn_or_url: str, health: ShardHealth, now: float) -> list[Shard]:
+        """The servers to try for this file at ``now``, in order: its healthy shards in
+        failover order, then the origin (when there is one).
 
-        Raises :class:`NoShardAvailableError` when all shards are down and there is no origin.
+        Raises :class:`NoShardAvailableError`, naming the file, when all shards are cooling
+        down and there is no origin.
         """
-        for shard in self.ranked(lfn_or_url):
-            if health.is_healthy(shard, now):
-                return shard
-        if self.origin is None:
+        lfn = logical_name(lfn_or_url)
+        line = [s for s in self.ranked(lfn) if health.is_healthy(s, now)]
+        if self.origin is not None:
+            line.append(self.origin)
+        if not line:
             raise NoShardAvailableError(
-                f"all {len(self.shards)} shards are cooling down after failures "
+                f"{lfn}: all {len(self.shards)} shards are cooling down after failures "
                 f"({', '.join(health.failed(now))}) and no origin is configured")
-        return self.origin
+        return line
+
+    def choose(self, lfn_or_url: str, health: ShardHealth, now: float) -> Shard:
+        """The first healthy shard in failover order, else the origin (see :meth:`in_line`)."""
+        return self.in_line(lfn_or_url, health, now)[0]
 
     def rewrite(self, url: str, shard: Shard | None = None) -> str:
         """``url`` pointed at ``shard`` (default: the file's own shard)."""

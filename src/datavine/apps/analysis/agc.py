@@ -25,6 +25,8 @@ import awkward as ak
 import numpy as np
 import uproot
 
+from datavine.io.reading import open_input
+
 EDGES = np.linspace(50.0, 550.0, 26)
 JET_PT, JET_ETA, BTAG = 25.0, 2.5, 0.5
 LEPTON_PT, LEPTON_ETA, ELECTRON_TIGHT = 30.0, 2.1, 4
@@ -107,13 +109,11 @@ def process_chunk(source: Source, entry_start: int | None = None,
 
     ``source`` is a local path, a URL uproot opens (``root://``, ``http://``), or an
     already-open uproot file, directory or TTree (left open; ``tree`` is then ignored for a
-    TTree).
+    TTree). A path or URL is opened with :func:`datavine.open_input` (a memory map for a local
+    file; inside a datavine run, the run's shards and its accounting of the bytes read).
     """
     if isinstance(source, (str, os.PathLike)):
-        # Local files through mmap: ~30% faster reads than uproot's default fsspec source.
-        local = "://" not in str(source)
-        options = {"handler": uproot.source.file.MemmapSource} if local else {}
-        with uproot.open(source, object_cache=None, array_cache=None, **options) as directory:
+        with open_input(str(source), object_cache=None, array_cache=None) as directory:
             return _process_tree(directory[tree], entry_start, entry_stop)
     if isinstance(source, uproot.ReadOnlyFile):
         source = source.root_directory
@@ -237,9 +237,9 @@ def make_chunks(files: Iterable[str | os.PathLike[str]], chunk_events: int,
     within a file, as coffea does), using the files' entry counts."""
     if chunk_events < 1:
         raise ValueError(f"chunk_events must be >= 1, not {chunk_events}")
-    chunks = []
+    chunks: list[Chunk] = []
     for path in files:
-        with uproot.open(path) as directory:
+        with open_input(str(path)) as directory:
             n = directory[tree].num_entries
         pieces = max(1, -(-n // chunk_events))
         bounds = [n * i // pieces for i in range(pieces + 1)]

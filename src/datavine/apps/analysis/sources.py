@@ -4,13 +4,14 @@
 file; it knows nothing of shards. This module is the adapter between the two: a *chunk
 source* turns a :class:`~datavine.apps.analysis.agc.Chunk` into a :class:`SourcedResult`, the
 chunk's :class:`~datavine.apps.analysis.agc.ChunkResult` plus which server delivered the bytes.
+Both sources open the chunk's file through the read layer
+(:func:`datavine.io.reading.open_served`), which picks the way, accounts the bytes as near or
+far, and says who served the file; the open file is handed to ``process_chunk``:
 
-- :class:`LocalFiles`: the chunk's ``path`` is a local file, read directly;
-- :class:`XCacheShards`: the chunk's ``path`` is a ``root://`` URL of the file at the origin;
-  it is opened with :func:`datavine.io.reading.open_input` on the file's shard (rendezvous
-  order of the :class:`~datavine.io.shards.ShardMap`, skipping shards that failed recently, the
-  origin last), so the runtime accounts the bytes as near or far, and the open file is
-  handed to ``process_chunk``.
+- :class:`LocalFiles`: the chunk's ``path`` is a local file, read where it is;
+- :class:`XCacheShards`: the chunk's ``path`` is a ``root://`` URL of the file at the origin,
+  read on the file's shard (rendezvous order of the :class:`~datavine.io.shards.ShardMap`,
+  skipping shards that failed recently, the origin last).
 
 Sources are small, picklable values, so a task carries its source with it; shard health is
 kept per process by :mod:`datavine.io.reading` (a worker's library lives across calls, so a
@@ -26,12 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from datavine.apps.analysis.agc import Chunk, ChunkResult, process_chunk
+from datavine.io.reading import open_served
 from datavine.io.shards import ShardMap
-
-LOCAL = "local"
 
 
 @dataclass(eq=False)
@@ -39,8 +38,9 @@ class SourcedResult:
     """A chunk's analysis result and where it was read from; merged with ``+``.
 
     ``servers`` counts chunks per server that delivered them (``"local"``, a shard's name,
-    or ``"origin"``); ``failovers`` counts chunks read elsewhere than on their file's home
-    shard (it failed, or was cooling down after a failure).
+    ``"origin"``, or ``"direct"`` for a URL read without shards); ``failovers`` counts
+    chunks read elsewhere than on their file's home shard (it failed, or was cooling down
+    after a failure).
     """
 
     result: ChunkResult = field(default_factory=ChunkResult.empty)
@@ -62,8 +62,7 @@ class LocalFiles:
     """Chunks name local files."""
 
     def process(self, chunk: Chunk) -> SourcedResult:
-        result = process_chunk(chunk.path, chunk.entry_start, chunk.entry_stop)
-        return SourcedResult(result, Counter({LOCAL: 1}))
+        return read_chunk(chunk)
 
 
 @dataclass(frozen=True)
@@ -73,23 +72,17 @@ class XCacheShards:
     shardmap: ShardMap
 
     def process(self, chunk: Chunk) -> SourcedResult:
-        from datavine.io.reading import open_input
+        return read_chunk(chunk, self.shardmap)
 
-        with open_input(chunk.path, shardmap=self.shardmap) as handle:
-            result = process_chunk(handle, chunk.entry_start, chunk.entry_stop)
-        server = self.server_of(result.source)
-        away = server != self.shardmap.shard_for(chunk.path).name
-        return SourcedResult(result, Counter({server: 1}), int(away))
 
-    def server_of(self, url: str) -> str:
-        """The name of the server (shard, or ``"origin"``) that ``url`` points at."""
-        netloc = urlsplit(url).netloc
-        servers = [*self.shardmap.shards, *([self.shardmap.origin]
-                                            if self.shardmap.origin else [])]
-        for server in servers:
-            if urlsplit(server.url).netloc == netloc:
-                return server.name
-        return netloc or url
+def read_chunk(chunk: Chunk, shardmap: ShardMap | None = None) -> SourcedResult:
+    """The chunk's result, read through ``shardmap`` (default: the run's, if any), and the
+    server that delivered it."""
+    handle, served = open_served(chunk.path, shardmap=shardmap, object_cache=None,
+                                 array_cache=None)
+    with handle:
+        result = process_chunk(handle, chunk.entry_start, chunk.entry_stop)
+    return SourcedResult(result, Counter({served.server: 1}), int(served.away))
 
 
 ChunkSource = LocalFiles | XCacheShards

@@ -1,22 +1,18 @@
-"""XCache: a real loopback testbed (origin + shards) and shard-aware input opening.
+"""XCache servers: a real loopback testbed (origin + shards), its config text and statistics.
 
 - :mod:`~datavine.io.xcache.testbed`: :class:`XCacheTestbed`, real ``xrootd`` processes;
-- :mod:`~datavine.io.xcache.reader`: :func:`open_with_failover`; importing this package sets the
-  XRootD client's fast-failover environment (see the reader's docstring for why);
 - :mod:`~datavine.io.xcache.config` and :mod:`~datavine.io.xcache.stats`: the servers' config text
-  and the statistics read back from them.
+  and the statistics read back from them; :mod:`~datavine.io.xcache.unix`: ports, folders and
+  processes.
 
-The shard map itself (which file lives on which shard) is pure and lives in
-:mod:`datavine.io.shards`.
+Reading files through the shards is the read layer's (:mod:`datavine.io.reading`,
+:mod:`datavine.io.source.xcache`); which file lives on which shard is the pure
+:mod:`datavine.io.shards`. Importing this package sets the XRootD client's fast-failover
+environment (:mod:`datavine.io.source.xrootd`), so that a process that starts a testbed
+reads from it, and hands its children, the same settings as the read layer.
 """
 
-from datavine.io.xcache.reader import (
-    InputUnavailableError,
-    OpenRecord,
-    bytes_read,
-    configure_xrootd_client,
-    open_with_failover,
-)
+import datavine.io.source.xrootd  # noqa: F401  (the XRootD client's environment, on import)
 from datavine.io.xcache.stats import CacheStats, FileCacheStats, OriginStats
 
 # The testbed is imported on first use, so that ``python -m datavine.io.xcache.testbed`` does not
@@ -35,13 +31,8 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "CacheStats",
     "FileCacheStats",
-    "InputUnavailableError",
-    "OpenRecord",
     "OriginStats",
     "ServerProcess",
     "TestbedError",
     "XCacheTestbed",
-    "bytes_read",
-    "configure_xrootd_client",
-    "open_with_failover",
 ]

@@ -1,0 +1,54 @@
+"""What a :class:`~datavine.io.source.base.Source` opens with: an uproot file or an uproot source.
+
+Two openers, one per kind of handle a caller wants, each choosing uproot's source class (the
+code that reads byte ranges and counts them) by the URL's scheme:
+
+- :func:`open_file`: ``uproot.open`` (task code: :func:`datavine.open_input`). ``root://``
+  URLs get uproot's own ``XRootDSource``: uproot's default goes through fsspec-xrootd, which
+  keeps read-only file handles open for 30 s after the file is closed
+  (``filehandle_cache_ttl``); the XCache then keeps the file attached, its statistics
+  (``.cinfo``) are not written, and handles to a shard that has died linger. Local paths
+  get a memory map (``MemmapSource``: ~30% faster reads than uproot's default fsspec).
+- :func:`make_source`: the source itself, for an uproot ``handler``
+  (:class:`datavine.coffea.DatavineSource`). Local paths get uproot's default
+  (``FSSpecSource``), not a memory map: coffea skips bad files, and a truncated file under a
+  memory map kills the process with SIGSEGV/SIGBUS instead of raising an error that names
+  it.
+
+Pass ``handler=`` to :func:`open_file` to choose otherwise. uproot is imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+XROOTD_SCHEMES = ("root://", "roots://", "xroot://")
+
+
+def is_xrootd(url: str) -> bool:
+    return url.startswith(XROOTD_SCHEMES)
+
+
+def open_file(url: str, **options: Any) -> Any:
+    """``uproot.open(url, **options)``: ``XRootDSource`` for ``root://``, a memory map for a
+    local path, unless ``handler`` is given."""
+    import uproot
+
+    if is_xrootd(url):
+        options.setdefault("handler", uproot.XRootDSource)
+    elif "://" not in url:
+        options.setdefault("handler", uproot.source.file.MemmapSource)
+    return uproot.open(url, **options)
+
+
+def source_class(url: str) -> type[Any]:
+    """uproot's source class for ``url`` in :func:`make_source`: XRootD's own for
+    ``root://``, else uproot's default (fsspec)."""
+    import uproot
+
+    return uproot.XRootDSource if is_xrootd(url) else uproot.FSSpecSource
+
+
+def make_source(url: str, **options: Any) -> Any:
+    """The uproot source reading ``url`` (opened: an XRootD source connects here)."""
+    return source_class(url)(url, **options)
