@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datavine.worker.alarm import alarm
+
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "runs" / "benchmarks"  # ignored by git
 
@@ -55,23 +57,10 @@ class PeerTimeout(Exception):
     """A peer's run went past the benchmark's bound for it."""
 
 
-@contextlib.contextmanager
-def bounded(limit_s: float | None) -> Iterator[None]:
-    """Raise :class:`PeerTimeout` in the block after ``limit_s`` (main thread; SIGALRM)."""
-    if not limit_s:
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise PeerTimeout(f"no result after {limit_s:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, limit_s)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def bounded(limit_s: float | None) -> contextlib.AbstractContextManager[None]:
+    """Raise :class:`PeerTimeout` in the block after ``limit_s`` (main thread; SIGALRM:
+    :func:`datavine.worker.alarm.alarm`, the worker's task time limit)."""
+    return alarm(limit_s, lambda: PeerTimeout(f"no result after {limit_s:.0f} s"))
 
 
 def measure(name: str, units: int, run: Callable[[], Any], check: Callable[[Any], bool],

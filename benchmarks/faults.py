@@ -116,18 +116,14 @@ def condor_scenario(scratch: Path) -> FaultResult:
 
 
 def shard_scenario(scratch: Path) -> FaultResult:
-    from tests.fixtures_xcache import N_EVENTS, _write_tree, xcache_lfns
-
+    """A shard stopped mid-run, on a testbed of its own over the tests' small files."""
+    from datavine.apps.testbed import SMALL_EVENTS, write_small_files
     from datavine.io.xcache.testbed import XCacheTestbed
 
     data = scratch / "xcache-data"
-    lfns = xcache_lfns()
-    for i, lfn in enumerate(lfns):
-        _write_tree(data / lfn.lstrip("/"), seed=i, n_events=N_EVENTS)
-    for p in [scratch, data, *data.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
+    lfns = write_small_files(data)
     with XCacheTestbed(data, n_shards=4, racks=["A", "A", "B", "B"]) as testbed:
-        return faults.shard_stopped(testbed, lfns, N_EVENTS * len(lfns))
+        return faults.shard_stopped(testbed, lfns, SMALL_EVENTS * len(lfns))
 
 
 def main() -> int:
@@ -192,5 +188,4 @@ def print_table(results: list[FaultResult], baseline_s: float) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))  # tests.fixtures_xcache writes the shard test's files
     sys.exit(main())

@@ -1,4 +1,5 @@
-"""A stand-in for :class:`datavine.manager.runtime.Runtime`'s port, for fast tests of the run loop.
+"""A fake :class:`datavine.manager.port.RunPort`, the port a run drives, for fast tests of the
+run loop (:class:`datavine.manager.execution.GraphRun`).
 
 It runs each submitted bundle in this process with the real worker-side code
 (:func:`datavine.worker.remote.execute_payload`) in a sandbox directory, keeps the temp files
@@ -14,18 +15,20 @@ import os
 import tempfile
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
 from datavine.config import RunConfig
-from datavine.manager.runtime import Finished
+from datavine.manager.port import Finished
+from datavine.protocol import BundleResult, Status
 from datavine.scheduler.run_state import Learned
 from datavine.worker import remote
 
-# script(call number, spec) -> a result dict to return instead, "lost" (the worker died
-# under the call), or None (run it for real)
+# script(call number, encoded spec) -> the fields of a BundleResult to return instead (a
+# dict), "lost" (the worker died under the call), or None (run it for real)
 Script = Callable[[int, dict[str, Any]], Any]
 
 
@@ -39,7 +42,8 @@ class FakeFile:
 
 
 class FakeRuntime:
-    """The port :class:`datavine.manager.execution.GraphRun` drives, on ``workers`` fake workers."""
+    """The port :class:`datavine.manager.execution.GraphRun` drives (a :class:`RunPort`,
+    checked by tests/test_run_loop.py), on ``workers`` fake workers."""
 
     def __init__(self, run: RunConfig, workers: int = 2, script: Script | None = None) -> None:
         self.run_config = run
@@ -113,8 +117,9 @@ class FakeRuntime:
             scripted = self.script(self.calls, spec)
             if scripted == "lost":
                 return Finished(task_id, None, worker, f"worker {worker} lost")
-            if scripted is not None:
-                return Finished(task_id, {"worker": worker, **scripted}, worker)
+            if scripted is not None:  # the fields of a BundleResult, as the library sends it
+                return Finished(task_id, BundleResult(**{"worker": worker, **scripted}).encode(),
+                                worker)
             return Finished(task_id, self._execute(spec, fetch, store, worker), worker)
         return None
 
@@ -124,8 +129,8 @@ class FakeRuntime:
         key_of = {name: key for key, name in spec.get("input_files", {}).items()}
         for name, file in fetch.items():
             if file not in self.cache:  # as the library reports an input that did not come
-                return remote._result(remote.STATUS_LOST, key=key_of[name],
-                                      message=f"input {name} is gone")
+                return BundleResult(Status.LOST, key=key_of[name],
+                                    message=f"input {name} is gone").encode()
             (sandbox / name).write_bytes(self.cache[file][1])
         cwd = os.getcwd()
         try:
@@ -135,9 +140,7 @@ class FakeRuntime:
         for name, file in store.items():
             if (sandbox / name).exists() and file in self.declared:
                 self.cache[file] = (worker, (sandbox / name).read_bytes())
-        result.setdefault("peak_mb", 10.0)
-        result["worker"] = None
-        return result
+        return replace(result, peak_mb=result.peak_mb or 10.0, worker=None).encode()
 
     def cancel(self, task_id: int) -> None:
         self.states.pop(task_id, None)
@@ -152,6 +155,11 @@ class FakeRuntime:
         file = FakeFile()
         self.declared.add(file)
         return file
+
+    def fetch(self, file: FakeFile) -> bytes | None:
+        """The bytes a call stored in ``file``, or None when its worker lost them."""
+        held = self.cache.get(file)
+        return held[1] if held is not None else None
 
     def undeclare(self, file: FakeFile) -> None:
         self.declared.remove(file)

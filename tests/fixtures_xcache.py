@@ -1,11 +1,12 @@
 """Fixtures for the XCache tests: small ROOT files and a real loopback testbed.
 
 ``xcache_testbed`` is one origin and 4 XCache shards on 2 racks (A, A, B, B), started once
-per session over ``xcache_data``: 12 small TTree files in sub-folders, made here with
-uproot's ``mktree``/``extend`` (a minimal private helper; the full generator is
-``datavine.io.datagen``). Both live in folders under /tmp made for the purpose, because the
-servers run as the unprivileged ``xrootd`` user, who cannot enter pytest's root-only
-``/tmp/pytest-of-root``. Tests that stop a shard must start it again.
+per session over ``xcache_data``: 12 small TTree files in sub-folders, made with uproot's
+``mktree``/``extend`` by :func:`datavine.apps.testbed.write_small_files` (the fault
+benchmark makes the same; the full generator is ``datavine.io.datagen``). Both live in
+folders under /tmp made for the purpose, because the servers run as the unprivileged
+``xrootd`` user, who cannot enter pytest's root-only ``/tmp/pytest-of-root``. Tests that
+stop a shard must start it again.
 """
 
 from __future__ import annotations
@@ -15,37 +16,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from datavine.apps.testbed import SMALL_EVENTS, SMALL_FILES, small_lfns, write_small_files
 from datavine.io.xcache.testbed import xcache_missing
 
-N_FILES = 12
-N_EVENTS = 40_000
+N_FILES = SMALL_FILES
+N_EVENTS = SMALL_EVENTS
 RACKS = ["A", "A", "B", "B"]
-
-
-def _write_tree(path: Path, seed: int, n_events: int) -> None:
-    import uproot
-
-    rng = np.random.default_rng(seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with uproot.recreate(path) as f:
-        tree = f.mktree("Events", {"Jet_pt": np.float32, "Jet_eta": np.float32,
-                                   "nJet": np.int32, "event": np.int64})
-        for start in range(0, n_events, 10_000):
-            n = min(10_000, n_events - start)
-            tree.extend({
-                "Jet_pt": rng.exponential(40.0, n).astype(np.float32),
-                "Jet_eta": rng.normal(0.0, 2.0, n).astype(np.float32),
-                "nJet": rng.integers(0, 10, n).astype(np.int32),
-                "event": np.arange(start, start + n, dtype=np.int64) + seed * 10**9,
-            })
-
-
-def xcache_lfns() -> list[str]:
-    """Logical names of the generated files (the same in every session)."""
-    return [f"/store/run{i % 3}/events_{i:02d}.root" for i in range(N_FILES)]
+xcache_lfns = small_lfns  # logical names of the generated files (the same in every session)
 
 
 @pytest.fixture(scope="session")
@@ -53,10 +32,7 @@ def xcache_data() -> Iterator[Path]:
     """A world-readable folder with ``N_FILES`` small ROOT files (see :func:`xcache_lfns`)."""
     root = Path(tempfile.mkdtemp(prefix="datavine-xcache-data-"))
     try:
-        for i, lfn in enumerate(xcache_lfns()):
-            _write_tree(root / lfn.lstrip("/"), seed=i, n_events=N_EVENTS)
-        for p in [root, *root.rglob("*")]:
-            p.chmod(0o755 if p.is_dir() else 0o644)
+        write_small_files(root)
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("coffea")
 
 from datavine.coffea import PartialResultWarning
+from datavine.coffea.progress import CallProgress
 from tests.test_coffea_executor import (
     SAMPLES,
     MetMuons,
@@ -83,8 +84,9 @@ def test_ctrl_c_returns_the_merge_of_what_finished(own_cluster: Any) -> None:
     def interrupt_when_all_but_one_finished() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            hook = getattr(runtime, "result_hook", None)
-            if hook is not None and hook.items_done >= len(chunks) - 1:
+            # the executor's progress, subscribed to the cluster's results during its call
+            progress = [h for h in runtime.result_hooks if isinstance(h, CallProgress)]
+            if progress and progress[0].items_done >= len(chunks) - 1:
                 os.kill(os.getpid(), signal.SIGINT)
                 return
             time.sleep(0.05)

@@ -15,15 +15,12 @@ import pytest
 from datavine.deploy import reaper as reaper_mod
 from datavine.deploy.sessions import kill_session, session_pids, stop_session
 from datavine.deploy.signals import Terminated, terminate_gracefully
+from datavine.manager.library import LibraryLogs
 from datavine.manager.library_log import requeued_task
-from datavine.manager.runtime import (
-    LibraryLogs,
-    check_port_free,
-    exec_command,
-    silence_tunes,
-)
+from datavine.manager.taskvine_port import check_port_free, exec_command, silence_tunes
+from datavine.worker.alarm import alarm
 from datavine.worker.memcap import run_capped
-from datavine.worker.remote import TaskTimeLimitExceeded, time_limit
+from datavine.worker.remote import TaskTimeLimitExceeded
 
 
 def test_silence_tunes_bound_detection_by_the_worker_timeout() -> None:
@@ -199,14 +196,48 @@ def test_unhandled_terminated_dies_by_the_signal_after_cleanup(tmp_path: Path) -
     assert marker.exists()
 
 
-def test_time_limit_interrupts_python_code() -> None:
+def test_the_alarm_interrupts_python_code_and_puts_the_handler_back() -> None:
+    before = signal.getsignal(signal.SIGALRM)
     started = time.monotonic()
-    with pytest.raises(TaskTimeLimitExceeded), time_limit(0.2):
+    with pytest.raises(TaskTimeLimitExceeded), alarm(0.2, lambda: TaskTimeLimitExceeded(0.2)):
         time.sleep(5)
     assert time.monotonic() - started < 4
-    with time_limit(None):
-        pass
+    for no_limit in (None, 0):
+        with alarm(no_limit, lambda: AssertionError("no alarm was asked for")):
+            time.sleep(0.05)
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) == before
+
+
+def test_the_alarm_is_off_outside_the_main_thread() -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def elsewhere() -> None:
+        try:
+            with alarm(0.01, lambda: AssertionError("rang off the main thread")):
+                time.sleep(0.1)
+        except BaseException as exc:  # pragma: no cover - what the test guards against
+            errors.append(exc)
+
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    t.join(10)
+    assert not errors and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_task_past_its_time_limit_is_reported_with_its_key() -> None:
+    import cloudpickle
+    from dask._task_spec import Task
+
+    from datavine.protocol import BundleSpec, Status
+    from datavine.worker import remote
+
+    spec = BundleSpec(nodes=[("nap", Task("nap", time.sleep, 5))], outputs=["nap"],
+                      limits={"nap": 0.2})
+    result = remote.execute_payload(cloudpickle.dumps(spec.encode()))
+    assert result.status is Status.TIME and result.key == "nap" and result.limit_s == 0.2
 
 
 def sleep_with_a_grandchild(pids_file: str) -> None:

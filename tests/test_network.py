@@ -223,7 +223,7 @@ def test_the_calls_of_a_worker_whose_library_does_not_start_run_elsewhere() -> N
     assert "peer transfers off" in off["done"]
     again = state.handle(CallWithdrawn(on_a))
     resent = [i for i in again + state.handle(Tick(6.1, 2, 2)) if isinstance(i, Submit)]
-    assert [s.spec["nodes"] for s in resent] == [subs[0].spec["nodes"]]
+    assert [s.spec.nodes for s in resent] == [subs[0].spec.nodes]
     assert state.summary.retries == 0  # not the bundle's fault: no attempt counted
 
 

@@ -13,9 +13,9 @@ import pytest
 from datavine.config import RunConfig
 from datavine.errors import BundleFailedError, MemoryCapError, TaskTimeLimitError
 from datavine.manager.execution import GraphRun
+from datavine.protocol import Status
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.memory import MemoryPolicy
-from datavine.worker import remote
 from tests.fake_runtime import FakeRuntime
 
 
@@ -107,7 +107,7 @@ def test_overrun_is_retried_under_a_larger_cap_then_gives_up_at_the_ceiling() ->
     policy = MemoryPolicy(default_mb=100, floor_mb=50, ceiling_mb=400, growth=2.0)
 
     def once(n: int, spec: dict[str, Any]) -> Any:
-        return {"status": remote.STATUS_MEMORY, "peak_mb": 150.0} if n == 1 else None
+        return {"status": Status.MEMORY, "peak_mb": 150.0} if n == 1 else None
 
     rt = FakeRuntime(CFG.replace(memory=policy), script=once)
     assert run(rt, {"x": (int, 3)}, ["x"]) == [3]
@@ -115,7 +115,7 @@ def test_overrun_is_retried_under_a_larger_cap_then_gives_up_at_the_ceiling() ->
     assert rt.last_summary.retries == 1
 
     def always(n: int, spec: dict[str, Any]) -> Any:
-        return {"status": remote.STATUS_MEMORY, "peak_mb": 1e6}
+        return {"status": Status.MEMORY, "peak_mb": 1e6}
 
     with pytest.raises(MemoryCapError, match="'x'"):
         run(FakeRuntime(CFG.replace(memory=policy), script=always), {"x": (int, 3)}, ["x"])
@@ -133,7 +133,7 @@ def test_lost_calls_are_retried_then_fail_naming_the_tasks() -> None:
 def test_shard_failure_is_retried_and_cools_the_shard() -> None:
     def script(n: int, spec: dict[str, Any]) -> Any:
         if n == 1:
-            return {"status": remote.STATUS_INPUT, "server": "xcache-1", "message": "down"}
+            return {"status": Status.INPUT, "server": "xcache-1", "message": "down"}
         return None
 
     rt = FakeRuntime(CFG, script=script)
@@ -145,7 +145,7 @@ def test_shard_failure_is_retried_and_cools_the_shard() -> None:
 
 
 def test_time_limit_is_retried_once_then_raised() -> None:
-    over = {"status": remote.STATUS_TIME, "key": "x", "limit_s": 2.0, "message": "ran past"}
+    over = {"status": Status.TIME, "key": "x", "limit_s": 2.0, "message": "ran past"}
     rt = FakeRuntime(CFG, script=lambda n, spec: over if n == 1 else None)
     assert run(rt, {"x": (int, 5)}, ["x"]) == [5]
     assert rt.last_summary.timeouts == 1
@@ -162,3 +162,21 @@ def test_user_error_is_raised_with_the_remote_traceback() -> None:
         run(rt, {"y": (boom, 4)}, ["y"])
     assert any("remote traceback" in note for note in info.value.__notes__)
     assert rt.last_summary.retries == 0
+
+
+def test_the_fake_is_the_port_a_run_drives() -> None:
+    from datavine.manager.port import RunPort
+
+    assert isinstance(FakeRuntime(CFG), RunPort)
+
+
+def test_the_run_hands_delivered_values_to_its_result_hook() -> None:
+    delivered: list[Any] = []
+    rt = FakeRuntime(CFG)
+    dsk, final = tree(4)
+    graph = graphs.build(dsk, [final])
+    values = GraphRun(rt, graph, CFG,  # type: ignore[arg-type]
+                      on_results=lambda keys, got: delivered.append((list(keys), got))).execute()
+    finished = [k for keys, _ in delivered for k in keys]
+    assert sorted(map(str, finished)) == sorted(map(str, dsk))  # each task once
+    assert [got for _, got in delivered if final in got] == [{final: values[final]}]

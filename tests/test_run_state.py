@@ -2,11 +2,13 @@
 event: no
 TaskVine, no driver, no clock. Each test plays the pool by hand (which call finishes, on which
 worker, with what status; which worker leaves when) and asserts on the instructions that come
-out: what is submitted (and under what cap, where), withdrawn, dropped, delivered, raised."""
+out: what is submitted (and under what cap, where), withdrawn, dropped, delivered, raised;
+after every event the state must agree with itself (``RunState.validate``)."""
 
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from datavine.errors import (
     RunTimeoutError,
     TaskTimeLimitError,
 )
+from datavine.protocol import BundleResult, Status
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.memory import MemoryPolicy
 from datavine.scheduler.run_state import (
@@ -79,7 +82,9 @@ class Pool:
         self.sandbox = Path(tempfile.mkdtemp(prefix="datavine-state-"))
 
     def step(self, *events: Any) -> list[Instruction]:
+        """Hand the state ``events``; its lifecycle must agree with the rest of it after."""
         out = self.state.handle(*events)
+        self.state.validate()
         for ins in out:
             if isinstance(ins, Submit):
                 self.out[ins.call] = ins
@@ -94,13 +99,13 @@ class Pool:
         n = self.cores if workers is None else workers
         return self.step(Tick(self.now, n, n))
 
-    def result(self, call: int, worker: str) -> dict[str, Any]:
+    def result(self, call: int, worker: str) -> BundleResult:
         """Run the call's spec for real, as the worker would, in a sandbox of its own."""
         ins = self.out[call]
         box = Path(tempfile.mkdtemp(dir=self.sandbox))
         for name, temp in ins.fetch.items():
             (box / name).write_bytes(self.made[temp][1])
-        result = remote.execute_payload(cloudpickle.dumps(ins.spec), str(box))
+        result = remote.execute_payload(cloudpickle.dumps(ins.spec.encode()), str(box))
         for name, temp in ins.store.items():
             if (box / name).exists():
                 self.made[temp] = (worker, (box / name).read_bytes())
@@ -134,12 +139,12 @@ def test_a_tree_keeps_its_values_on_workers_and_drops_each_when_consumed() -> No
     (value,) = pool.state.results().values()
     assert value[0] == sum(range(4))
     submits = of(Submit, seen)
-    assert sum(len(s.spec["nodes"]) for s in submits) == 7 and not of(Fail, seen)
+    assert sum(len(s.spec.nodes) for s in submits) == 7 and not of(Fail, seen)
     # every value that crossed from one bundle to another stayed on the worker that made it,
     # and was fetched once, by its consumer
     stored = sorted(t for s in submits for t in s.store.values())
     assert len(stored) >= 2 and stored == sorted(t for s in submits for t in s.fetch.values())
-    assert all(not s.spec["inputs"] for s in submits)
+    assert all(not s.spec.inputs for s in submits)
     assert not pool.declared, "temps left declared"
     assert [k for d in of(Deliver, seen) for k in d.keys][-1] == final
 
@@ -157,15 +162,15 @@ def test_an_overrun_is_retried_under_a_larger_cap_then_gives_up_at_the_ceiling()
     pool = Pool({"x": (int, 1)}, ["x"], cfg)
     (first,) = of(Submit, pool.tick())
     assert first.cap_mb == 512
-    over = {"status": remote.STATUS_MEMORY, "peak_mb": 700.0, "cap_mb": 512.0}
+    over = BundleResult(Status.MEMORY, peak_mb=700.0, cap_mb=512.0)
     assert not of(Fail, pool.finish(first.call, result=over))
     (second,) = of(Submit, pool.tick())
     assert second.cap_mb is not None and second.cap_mb >= 1024
     assert pool.state.summary.retries == 1
-    assert not of(Fail, pool.finish(second.call, result={**over, "peak_mb": 1500.0}))
+    assert not of(Fail, pool.finish(second.call, result=replace(over, peak_mb=1500.0)))
     (third,) = of(Submit, pool.tick())
     assert third.cap_mb == 2048
-    (fail,) = of(Fail, pool.finish(third.call, result={**over, "peak_mb": 2100.0}))
+    (fail,) = of(Fail, pool.finish(third.call, result=replace(over, peak_mb=2100.0)))
     assert isinstance(fail.error, MemoryCapError)
 
 
@@ -210,7 +215,7 @@ def test_a_requeued_call_still_waiting_is_withdrawn_and_resubmitted_at_once() ->
     pool.out.pop(submit.call)
     assert not pool.step(CallWithdrawn(submit.call))
     (again,) = of(Submit, pool.tick())
-    assert again.spec["nodes"] == submit.spec["nodes"]
+    assert again.spec.nodes == submit.spec.nodes
     assert pool.state.summary.retries == 1
     pool.finish(again.call)
     assert pool.state.results() == {"x": 1}
@@ -231,7 +236,7 @@ def test_values_on_a_lost_worker_are_made_again_and_their_consumer_withdrawn() -
     pool = Pool(dsk, [final], cores=4)
     leaves = of(Submit, pool.tick())
     assert len(leaves) == 4
-    on_lost = [leaf.spec["nodes"][0][0] for leaf in leaves[:2]]
+    on_lost = [leaf.keys[0] for leaf in leaves[:2]]
     for n, leaf in enumerate(leaves):
         pool.finish(leaf.call, worker="10.0.0.1:1" if n < 2 else "10.0.0.2:1")
     (merge,) = of(Submit, pool.tick())
@@ -243,7 +248,7 @@ def test_values_on_a_lost_worker_are_made_again_and_their_consumer_withdrawn() -
     pool.out.pop(merge.call)
     pool.step(CallWithdrawn(merge.call))
     again = of(Submit, pool.tick())
-    assert sorted(k for s in again for k, _ in s.spec["nodes"]) == sorted(on_lost)
+    assert sorted(k for s in again for k in s.keys) == sorted(on_lost)
     pool.drain(worker="10.0.0.2:1")
     assert pool.state.results()[final][0] == sum(range(4))
     assert pool.state.summary.recomputed == 2 and pool.state.summary.lost_workers
@@ -260,8 +265,8 @@ def test_a_users_exception_is_raised_with_the_task_named() -> None:
 
 def test_a_task_over_its_time_limit_runs_once_more_then_fails() -> None:
     pool = Pool({"x": (int, 1)}, ["x"], CFG.replace(task_time_limit_s=5))
-    over = {"status": remote.STATUS_TIME, "key": "x", "limit_s": 5.0,
-            "message": "task 'x' ran past its 5 s limit"}
+    over = BundleResult(Status.TIME, key="x", limit_s=5.0,
+                        message="task 'x' ran past its 5 s limit")
     (first,) = of(Submit, pool.tick())
     assert first.limit_s == 5
     assert not of(Fail, pool.finish(first.call, result=over))
@@ -292,8 +297,7 @@ def test_handle_rejects_what_is_not_an_event() -> None:
 def test_a_shard_failing_under_a_read_cools_down_and_the_bundle_runs_again() -> None:
     pool = Pool({"x": (int, 1)}, ["x"])
     (first,) = of(Submit, pool.tick())
-    failed = {"status": remote.STATUS_INPUT, "server": "xcache-2",
-              "message": "[ERROR] Operation expired"}
+    failed = BundleResult(Status.INPUT, server="xcache-2", message="[ERROR] Operation expired")
     assert not of(Fail, pool.finish(first.call, result=failed))
     health = pool.state.learned.shard_health
     assert "xcache-2" in health.failed(pool.now)  # cooled down at the event's time

@@ -28,7 +28,7 @@ def test_the_manager_learns_names_racks_and_hosts_at_connect(tmp_path: Path) -> 
                         "scripts/patches/cctools)")
         for wid in list(rt.topology.workers):  # what LocalCluster announced: forget it
             rt.topology.forget(wid)
-        rt._worker_counters, rt._last_status = None, 0.0
+        rt.watch.look_again()  # the next look reads the worker list
         assert rt.drop_lost_workers() == (set(), set())
         known = {w.id: (w.named, w.rack, w.host, w.cores, bool(w.addrport))
                  for w in rt.topology.workers.values()}
@@ -45,7 +45,7 @@ def test_a_rack_map_places_workers_that_name_no_rack(tmp_path: Path) -> None:
         rt.topology.racks = racks
         for wid in list(rt.topology.workers):
             rt.topology.forget(wid)
-        rt._worker_counters, rt._last_status = None, 0.0
+        rt.watch.look_again()  # the next look reads the worker list
         rt.drop_lost_workers()
         (worker,) = rt.topology.workers.values()
         assert (worker.rack, worker.host) == ("C", local_host())

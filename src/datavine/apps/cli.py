@@ -13,6 +13,8 @@
 - ``datavine scale-test``: :mod:`datavine.apps.scaletest.cli`, when that module is installed.
 - ``datavine box up|down|status|exec|cut|restore|shape``: a facility in a box
   (:mod:`datavine.deploy.box.cli`).
+- ``datavine story RUN.json [TASK]``: what happened to a finished run's bundles, or to one
+  task (:mod:`datavine.apps.story`).
 
 Settings that cannot be used (:class:`~datavine.config.ConfigError`) and datavine's own
 errors (:class:`~datavine.errors.DatavineError`) end the command with exit code 2 and one
@@ -25,23 +27,26 @@ import argparse
 import contextlib
 import importlib
 import json
-import os
-import shutil
 import sys
 import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from datavine.apps import cli_types
+from datavine.apps.jsondata import JSON
 from datavine.config import ConfigError
 from datavine.deploy.local_workers import default_workers
-from datavine.deploy.reaper import temporary_directory
 from datavine.deploy.signals import Terminated, handled, terminate_gracefully
 from datavine.errors import DatavineError
 
 if TYPE_CHECKING:
+    import numpy as np
+    from _typeshed import DataclassInstance
+
+    from datavine.apps.analysis.agc import Chunk
+    from datavine.apps.analysis.sources import ChunkSource, SourcedResult
     from datavine.deploy.facility import Facility
     from datavine.io.shards import ShardMap
     from datavine.manager.cluster import Cluster
@@ -49,11 +54,31 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 2
 DEFAULT_DATA = Path("runs/data")
-RACKS = ("A", "B")
 
 
 class RunError(DatavineError):
     """The main job cannot go on; the message names the file or setting."""
+
+
+class RunRecord(TypedDict, total=False):
+    """The JSON record of ``datavine run --json``: filled as the job goes."""
+
+    command: str
+    setup_s: dict[str, float]  # seconds of each step before the analysis
+    data: dict[str, JSON]
+    reading: dict[str, JSON]  # how the inputs are read: local files, shards
+    cluster: dict[str, JSON]
+    dashboard_html: str
+    events: int
+    events_selected: int
+    chunks: int
+    bytes_read: int
+    wall_s: float
+    events_per_s: float
+    histogram: dict[str, JSON]
+    servers: dict[str, int]
+    failovers: int
+    summary: dict[str, JSON] | None
 
 
 
@@ -122,6 +147,7 @@ def add_scale_test_command(subparsers: argparse._SubParsersAction) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     from datavine import __version__
+    from datavine.apps.story import add_command as add_story_command
     from datavine.deploy.box.cli import add_box_commands
     from datavine.deploy.pools.cli import add_pool_commands
 
@@ -136,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pool_commands(sub)
     add_scale_test_command(sub)
     add_box_commands(sub)
+    add_story_command(sub)
     return parser
 
 
@@ -179,7 +206,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_record(path: Path, record: dict[str, Any]) -> None:
+def write_record(path: Path, record: RunRecord) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -188,42 +215,12 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     print(f"record written to {path}")
 
 
-@contextlib.contextmanager
-def readable_folder(data_dir: Path, files: Sequence[Path], user: str | None) -> Any:
-    """``data_dir``, or a world-readable mirror of ``files`` (hard links, else copies) when
-    ``user`` (the XRootD servers' user) cannot read ``data_dir``; yields (folder, files)."""
-    from datavine.io.xcache.unix import check_reachable
-
-    if user is None:
-        yield data_dir, list(files)
-        return
-    try:
-        check_reachable(data_dir.resolve(), user, need_read=True)
-    except PermissionError as exc:
-        with temporary_directory("datavine-served-") as mirror:
-            print(f"note: the {user} user cannot read {data_dir} ({exc}); serving a mirror "
-                  f"in {mirror}")
-            mirror.chmod(0o755)
-            served = []
-            for f in files:
-                target = mirror / f.name
-                try:
-                    os.link(f, target)
-                except OSError:
-                    shutil.copyfile(f, target)
-                target.chmod(0o644)
-                served.append(target)
-            yield mirror, served
-        return
-    yield data_dir, list(files)
-
-
-def run_job(args: argparse.Namespace) -> dict[str, Any]:
+def run_job(args: argparse.Namespace) -> RunRecord:
     """Data, inputs, cluster, analysis, report; returns the JSON record."""
     from datavine.deploy.facility import load_facility
 
     facility = load_facility(args.facility) if args.facility is not None else None
-    record: dict[str, Any] = {"command": "run", "setup_s": {}}
+    record: RunRecord = {"command": "run", "setup_s": {}}
     files = make_data(args, record)
     with contextlib.ExitStack() as stack:
         t0 = time.monotonic()
@@ -241,7 +238,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def save_view(cluster: Cluster, path: Path, record: dict[str, Any]) -> None:
+def save_view(cluster: Cluster, path: Path, record: RunRecord) -> None:
     """The run's view as one HTML file (``--json X`` -> ``X.html``), when it has one."""
     try:
         saved = cluster.save_report(path, title="datavine run")
@@ -252,7 +249,7 @@ def save_view(cluster: Cluster, path: Path, record: dict[str, Any]) -> None:
         print(f"view saved to {saved}")
 
 
-def make_data(args: argparse.Namespace, record: dict[str, Any]) -> list[Path]:
+def make_data(args: argparse.Namespace, record: RunRecord) -> list[Path]:
     """The generated files (made once, reused by later runs with the same parameters)."""
     from datavine.io.datagen import generate_dataset
 
@@ -274,7 +271,8 @@ def make_data(args: argparse.Namespace, record: dict[str, Any]) -> list[Path]:
 
 
 def open_inputs(stack: contextlib.ExitStack, args: argparse.Namespace, files: list[Path],
-                facility: Facility | None, record: dict[str, Any]) -> tuple[Any, list[Any]]:
+                facility: Facility | None,
+                record: RunRecord) -> tuple[ChunkSource, list[Chunk]]:
     """The chunk source and the chunks: local files, the facility's shards or the testbed."""
     from datavine.apps.analysis.agc import make_chunks
     from datavine.apps.analysis.sources import LocalFiles, XCacheShards, to_origin
@@ -284,7 +282,8 @@ def open_inputs(stack: contextlib.ExitStack, args: argparse.Namespace, files: li
         return LocalFiles(), make_chunks(files, args.chunk_events)
     if facility is not None and facility.shards is not None:
         return XCacheShards(facility.shards), facility_chunks(facility, files, args, record)
-    from datavine.io.xcache.testbed import XCacheTestbed, xcache_missing
+    from datavine.apps.testbed import serve_on_testbed
+    from datavine.io.xcache.testbed import xcache_missing
 
     why = xcache_missing()
     if why:
@@ -292,12 +291,7 @@ def open_inputs(stack: contextlib.ExitStack, args: argparse.Namespace, files: li
         record["reading"] = {"mode": "local", "notice": why}
         return LocalFiles(), make_chunks(files, args.chunk_events)
 
-    user = "xrootd" if os.geteuid() == 0 else None
-    folder, served = stack.enter_context(readable_folder(args.data, files, user))
-    racks = [RACKS[i % len(RACKS)] for i in range(args.shards)]
-    # no summary reports (monitor): nothing here reads them, and each would open a UDP socket
-    testbed = stack.enter_context(XCacheTestbed(folder, n_shards=args.shards, racks=racks,
-                                                monitor=False))
+    testbed, folder, served = serve_on_testbed(stack, args.data, files, args.shards)
     shardmap = testbed.shard_map()
     print(f"xcache: origin {testbed.origin_url}, {args.shards} shard(s): " + ", ".join(
         f"{s.name} {s.url} rack {s.rack}" for s in shardmap.shards))
@@ -309,7 +303,7 @@ def open_inputs(stack: contextlib.ExitStack, args: argparse.Namespace, files: li
 
 
 def facility_chunks(facility: Facility, files: list[Path], args: argparse.Namespace,
-                    record: dict[str, Any]) -> list[Any]:
+                    record: RunRecord) -> list[Chunk]:
     """Chunks addressed at the facility's origin: ``--data`` must lie in its export root."""
     from datavine.apps.analysis.agc import make_chunks
     from datavine.apps.analysis.sources import to_origin
@@ -332,44 +326,32 @@ def facility_chunks(facility: Facility, files: list[Path], args: argparse.Namesp
 
 def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
                   facility: Facility | None, shardmap: ShardMap | None,
-                  record: dict[str, Any]) -> Cluster:
-    """A started cluster (:mod:`datavine.deploy.launch`): local workers, a pool's, or the
-    facility's pools; closed by ``stack``.
+                  record: RunRecord) -> Cluster:
+    """A started cluster (:mod:`datavine.apps.command_cluster`): local workers, a pool's, or
+    the facility's pools; closed by ``stack``.
 
     ``shardmap`` (the shards the data is read through) lets the runtime place chunk tasks
     near their shard; local workers are then split over the shards' racks."""
-    from datavine.config import ManagerConfig, RunConfig
-    from datavine.deploy import launch
+    from datavine.apps.command_cluster import ClusterRequest, start_command_cluster
+    from datavine.dashboard.launch import announce, option_from_args
+    from datavine.manager.cluster import LocalCluster
 
-    run = facility.run if facility is not None else RunConfig()
-    run = run.replace(progress=not args.no_progress,
-                      timeout_s=args.timeout if args.timeout is not None else run.timeout_s,
-                      shardmap=shardmap)
-    if args.no_memory_caps:
-        run = run.replace(memory=None)
-    if args.task_time_limit is not None:
-        run = run.replace(task_time_limit_s=args.task_time_limit)
     if facility is not None:
         if args.port or args.password is not None or args.listen_host != "127.0.0.1":
             raise RunError(f"--port, --password and --listen-host do not go with --facility: "
                            f"set them in the [manager] section of {facility.path}")
-        manager = facility.manager
-    else:
-        if args.password is not None and not args.password.is_file():
-            raise RunError(f"--password {args.password}: no such file")
-        manager = ManagerConfig(port=args.port, password_file=args.password,
-                                listen_host=args.listen_host,
-                                run_dir=launch.run_directory(stack))
-    from datavine.dashboard.launch import announce, option_from_args
-
-    chosen = launch.choose_cluster(run, manager, workers=args.workers,
-                                   pool_workers=args.pool_workers, facility=facility,
-                                   connect_timeout_s=args.pool_timeout,
-                                   dashboard=option_from_args(args))
-    cluster = launch.started(stack, chosen.cluster)
+    elif args.password is not None and not args.password.is_file():
+        raise RunError(f"--password {args.password}: no such file")
+    chosen = start_command_cluster(stack, ClusterRequest(
+        facility=facility, shardmap=shardmap, progress=not args.no_progress,
+        timeout_s=args.timeout, memory_caps=not args.no_memory_caps,
+        task_time_limit_s=args.task_time_limit, port=args.port, password_file=args.password,
+        listen_host=args.listen_host, workers=args.workers, pool_workers=args.pool_workers,
+        connect_timeout_s=args.pool_timeout, dashboard=option_from_args(args)))
+    cluster, run = chosen.cluster, chosen.cluster.run_config
     assert cluster.runtime is not None
     workers = cluster.runtime.connected_workers()
-    racks = getattr(getattr(cluster, "workers_config", None), "racks", ())
+    racks = cluster.workers_config.racks if isinstance(cluster, LocalCluster) else ()
     where = f" in racks {', '.join(racks)}" if racks else ""
     print(f"cluster: {chosen.kind}{where}, {workers} connected to the manager on port "
           f"{cluster.port}; memory caps {'on' if run.memory is not None else 'off'}")
@@ -381,7 +363,8 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
     return cluster
 
 
-def run_analysis(cluster: Cluster, source: Any, chunks: list[Any]) -> tuple[Any, float]:
+def run_analysis(cluster: Cluster, source: ChunkSource,
+                 chunks: list[Chunk]) -> tuple[SourcedResult, float]:
     """The analysis graph computed on ``cluster``; (merged result, wall seconds)."""
     import dask
 
@@ -396,8 +379,8 @@ def run_analysis(cluster: Cluster, source: Any, chunks: list[Any]) -> tuple[Any,
     return result, time.monotonic() - t0
 
 
-def report(result: Any, wall_s: float, summary: Any, record: dict[str, Any], *,
-           show_summary: bool) -> None:
+def report(result: SourcedResult, wall_s: float, summary: RunSummary | None, record: RunRecord,
+           *, show_summary: bool) -> None:
     """Print the result and throughput; fill the record."""
     res = result.result
     share = res.events_selected / res.events if res.events else 0.0
@@ -423,21 +406,30 @@ def report(result: Any, wall_s: float, summary: Any, record: dict[str, Any], *,
     })
 
 
-def summary_dict(summary: RunSummary) -> dict[str, Any]:
+def summary_dict(summary: RunSummary) -> dict[str, JSON]:
     """The run summary as JSON-ready data (``RunSummary.to_dict`` cannot copy its
     defaultdict fields with ``dataclasses.asdict``)."""
-    data = plain(summary)
+    data = plain_fields(summary)
     data["tasks_per_s"] = summary.tasks_per_s
-    data["reads"]["near_fraction"] = summary.reads.near_fraction
+    reads = plain_fields(summary.reads)  # plain(summary)["reads"]
+    reads["near_fraction"] = summary.reads.near_fraction
+    data["reads"] = reads
     return data
 
 
-def plain(value: Any) -> Any:
+def plain_fields(record: DataclassInstance) -> dict[str, JSON]:
+    """A dataclass's fields, :func:`plain`."""
+    import dataclasses
+
+    return {f.name: plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
+
+
+def plain(value: object) -> JSON:
     """Dataclasses, mappings and sequences as dicts and lists (keys as strings)."""
     import dataclasses
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return plain_fields(value)
     if isinstance(value, dict):
         return {k if isinstance(k, str) else str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -445,7 +437,7 @@ def plain(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
-def histogram_line(counts: Any, edges: Any) -> str:
+def histogram_line(counts: np.ndarray, edges: np.ndarray) -> str:
     """A one-line picture of a histogram: its peak bin, mean and a bar per bin."""
     total = int(counts.sum())
     if total == 0:

@@ -46,16 +46,16 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, TypeVar, cast
 
 from coffea.processor.accumulator import accumulate
 from coffea.processor.executor import ExecutorBase
 
 from datavine.coffea import prepare
-from datavine.coffea.progress import CallProgress, result_hook
+from datavine.coffea.progress import CallProgress, EntryRange, Task, subscribed
 from datavine.coffea.report import (
     BadFilesSkippedWarning,
     CallRecord,
@@ -80,9 +80,43 @@ from datavine.coffea.tasks import (
 from datavine.errors import MemoryCapError, TaskLoadError
 from datavine.scheduler.graph import Key, add_merge_tree
 
+if TYPE_CHECKING:
+    from datavine.dashboard.launch import DashboardConfig
+    from datavine.io.shards import ShardMap
+    from datavine.manager.cluster import Cluster, LocalCluster
+    from datavine.scheduler.memory import MemoryPolicy
+
 # What a coffea work item imports on a worker (~1.5 s in a fresh Python).
 LIBRARY_PRELOAD = ("coffea.processor", "coffea.nanoevents", "coffea.nanoevents.methods.nanoaod",
                    "datavine.coffea.tasks", "hist")
+
+
+class FileItem(Protocol):
+    """A coffea work item (``WorkItem``, ``FileMeta``) as the executor reads it: its file."""
+
+    @property
+    def filename(self) -> str: ...
+
+
+Item = TypeVar("Item", bound=FileItem)
+T = TypeVar("T")
+
+
+class GraphCluster(Protocol):
+    """What the executor needs of a given cluster: a dask scheduler ``get`` (a datavine
+    ``Cluster``'s, or anything with one); it also reads ``last_summary`` and ``dashboard``
+    where there are."""
+
+    def get(self, dsk: object, keys: object, **kwargs: object) -> Any: ...  # user values
+
+
+class RetrySettings(TypedDict, total=False):
+    """The settings ``Runner.automatic_retries`` was bound with
+    (:func:`unwrap_automatic_retries`)."""
+
+    retries: int
+    skipbadfiles: bool | tuple[type[BaseException], ...]
+    use_result_type: bool
 
 
 
@@ -132,7 +166,7 @@ class DatavineExecutor(ExecutorBase):
             that finished, with a :class:`PartialResultWarning`.
     """
 
-    cluster: Any = None
+    cluster: GraphCluster | None = None
     workers: int | None = None
     cores: int = 1
     memory_mb: int | None = None
@@ -142,14 +176,14 @@ class DatavineExecutor(ExecutorBase):
     skipbadfiles: bool | tuple[type[BaseException], ...] | None = None
     run_timeout_s: float | None = None
     pickle_by_value: tuple[str, ...] = ()
-    shardmap: Any = None
-    memory: Any = "default"
+    shardmap: ShardMap | None = None
+    memory: MemoryPolicy | Literal["default"] | None = "default"
     split_min_entries: int = 1
     x509_proxy: str | bool | None = None
     extra_input_files: tuple[str, ...] = ()
     report: ExecutionReport | None = None
     session: EmbeddedCluster | None = None
-    dashboard: Any = None
+    dashboard: bool | DashboardConfig | None = None
 
     def __post_init__(self) -> None:
         if self.merge_fanin < 2:
@@ -195,8 +229,10 @@ class DatavineExecutor(ExecutorBase):
         if self.session is not None:
             self.session.close()
 
-    def __call__(self, items: Iterable[Any], function: Callable[[Any], Any],
-                 accumulator: Any) -> tuple[Any, Any]:
+    def __call__(self, items: Iterable[Item], function: Callable[[Item], object],
+                 accumulator: object) -> tuple[object, int | BaseException]:
+        """coffea's executor call: ``function`` of each item, merged into ``accumulator``;
+        (the result, 0) or (the merge of what succeeded, the first exception)."""
         items = prepare.absolute_paths(list(items))
         record = CallRecord(self.desc, len(items))
         assert self.report is not None
@@ -228,7 +264,7 @@ class DatavineExecutor(ExecutorBase):
         partial.failures[:0] = skipped
         return self._finish(record, partial, accumulator)
 
-    def _run(self, items: list[Any], function: Callable[[Any], Any], policy: ItemPolicy,
+    def _run(self, items: list[Item], function: Callable[[Item], object], policy: ItemPolicy,
              record: CallRecord) -> Partial:
         """Run the items' graph; items over their memory cap at the ceiling are split in
         halves and the graph run again with the halves (its other items too: a failed run
@@ -243,8 +279,8 @@ class DatavineExecutor(ExecutorBase):
             progress = CallProgress(graph, items, desc=self.desc, unit=unit,
                                     enabled=bool(self.status), compression=policy.compression)
             try:
-                with progress, result_hook(cluster, progress):
-                    partial: Partial = cluster.get(graph, [final])[0]
+                with progress, subscribed(cluster, progress):
+                    partial = cast(Partial, cluster.get(graph, [final])[0])  # the final merge's
             except MemoryCapError as exc:
                 record.summary = getattr(cluster, "last_summary", None)
                 items, split = split_failed_items(items, graph, exc, self.split_min_entries)
@@ -263,8 +299,8 @@ class DatavineExecutor(ExecutorBase):
             record.processed = (progress.processed, progress.total, unit)
             return partial
 
-    def _drop_missing(self, items: list[Any],
-                      policy: ItemPolicy) -> tuple[list[Any], list[ItemFailure]]:
+    def _drop_missing(self, items: list[Item],
+                      policy: ItemPolicy) -> tuple[list[Item], list[ItemFailure]]:
         """Items whose local file does not exist here are skipped (under a ``skipbadfiles``
         that covers ``FileNotFoundError``) or reported at once, never sent to workers."""
         missing = prepare.missing_local_files(items)
@@ -289,8 +325,8 @@ class DatavineExecutor(ExecutorBase):
         return [it for i, it in enumerate(items) if i not in gone], skipped
 
     # ------------------------------------------------------------------------------------
-    def item_policy(self, function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any],
-                                                                    ItemPolicy]:
+    def item_policy(self, function: Callable[[Item], T]) -> tuple[Callable[[Item], T],
+                                                                  ItemPolicy]:
         """The item function without coffea's retry wrapper, and the policy replacing it."""
         inner, runner = unwrap_automatic_retries(function)
         skip = self.skipbadfiles
@@ -310,10 +346,10 @@ class DatavineExecutor(ExecutorBase):
                                       else "coffea")
         return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "coffea"
 
-    def _cluster(self) -> Any:
+    def _cluster(self) -> GraphCluster:
         return self.cluster if self.cluster is not None else self._embedded_cluster()
 
-    def _embedded_cluster(self) -> Any:
+    def _embedded_cluster(self) -> Cluster:
         assert self.session is not None
         starts = self.session.starts
         cluster = self.session.get(self._make_local_cluster)
@@ -323,7 +359,7 @@ class DatavineExecutor(ExecutorBase):
             print(f"datavine: {announce(cluster)}", file=sys.stderr, flush=True)
         return cluster
 
-    def _make_local_cluster(self, run_dir: Path) -> Any:
+    def _make_local_cluster(self, run_dir: Path) -> LocalCluster:
         from datavine.config import ManagerConfig, RunConfig
         from datavine.deploy.launch import local_cluster
 
@@ -338,7 +374,7 @@ class DatavineExecutor(ExecutorBase):
                              dashboard=self.dashboard)
 
     def _finish(self, record: CallRecord, partial: Partial,
-                accumulator: Any) -> tuple[Any, Any]:
+                accumulator: object) -> tuple[object, int | BaseException]:
         record.succeeded = partial.items
         record.skipped = [f for f in partial.failures if f.skipped]
         record.failed = [f for f in partial.failures if not f.skipped]
@@ -362,7 +398,7 @@ class DatavineExecutor(ExecutorBase):
         return out, exc
 
 
-def expect_events(cluster: Any, graph: dict[Key, Any], items: list[Any]) -> None:
+def expect_events(cluster: object, graph: Mapping[Key, Task], items: Sequence[object]) -> None:
     """Tell the cluster's live view the events of each work item's task (for events/s)."""
     dashboard = getattr(cluster, "dashboard", None)
     if dashboard is None:
@@ -371,13 +407,13 @@ def expect_events(cluster: Any, graph: dict[Key, Any], items: list[Any]) -> None
     for key, task in graph.items():
         item = task[2] if isinstance(task, tuple) and len(task) > 2 and task[0] is run_item \
             else None
-        if item is not None and hasattr(item, "entrystop"):
+        if isinstance(item, EntryRange):
             weights[key] = int(item.entrystop) - int(item.entrystart)
     dashboard.expect_events(weights)
 
 
-def unwrap_automatic_retries(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any],
-                                                                      dict[str, Any]]:
+def unwrap_automatic_retries(function: Callable[[Item], T]) -> tuple[Callable[[Item], T],
+                                                                      RetrySettings]:
     """Split ``functools.partial(Runner.automatic_retries, retries, skipbadfiles, func,
     use_result_type=...)`` (how ``Runner`` hands its item function to executors) into
     ``func`` and those settings; any other function comes back as is with ``{}``."""
@@ -394,8 +430,8 @@ def unwrap_automatic_retries(function: Callable[[Any], Any]) -> tuple[Callable[[
                    "use_result_type": use_result_type}
 
 
-def build_graph(items: list[Any], function: Callable[[Any], Any], policy: ItemPolicy,
-                fanin: int, prefix: str) -> tuple[dict[Key, Any], Key]:
+def build_graph(items: Sequence[Item], function: Callable[[Item], object], policy: ItemPolicy,
+                fanin: int, prefix: str) -> tuple[dict[Key, Task], Key]:
     """One task per item and a merge tree; returns (graph, key of the final merge).
 
     Keys are ``("<prefix>-item", token, i)`` and ``("<prefix>-merge", token, level, j)``:
@@ -403,7 +439,7 @@ def build_graph(items: list[Any], function: Callable[[Any], Any], policy: ItemPo
     Merges take contiguous ranges in item order.
     """
     token = uuid.uuid4().hex
-    graph: dict[Key, Any] = {}
+    graph: dict[Key, Task] = {}
     for i, item in enumerate(items):
         graph[(f"{prefix}-item", token, i)] = (run_item, function, item, i, policy)
     final = add_merge_tree(graph, list(graph), fanin,

@@ -1,8 +1,8 @@
 """Progress of one executor call in events, and the merge of what finished if it stops early.
 
-:class:`CallProgress` is installed as the runtime's ``result_hook`` for the duration of a
-call: after each bundle it learns which item and merge tasks finished and receives the
-bundle's output values. From that it keeps
+:class:`CallProgress` subscribes to the cluster's results for the duration of a call
+(:func:`subscribed`, through ``cluster.subscribe_results``): after each bundle it learns which
+item and merge tasks finished and receives the bundle's output values. From that it keeps
 
 - counts in coffea's units (events for ``WorkItem`` s, files for preprocessing): submitted,
   processed (items done) and accumulated (items merged by a finished merge task), shown as
@@ -14,16 +14,32 @@ bundle's output values. From that it keeps
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from datavine.coffea.tasks import Partial, merge_partials
+from datavine.manager.port import ResultHook
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 Key = Hashable
+# a task of the executor's graph: (run_item, function, item, index, policy) for a work item,
+# (merge_partials, the keys it merges, compression) for a merge
+Task = tuple[object, ...]
 
 
-def item_size(item: Any) -> int:
+@runtime_checkable
+class EntryRange(Protocol):
+    """A coffea ``WorkItem`` as far as its events go: its entry range."""
+
+    entrystart: int
+    entrystop: int
+
+
+def item_size(item: object) -> int:
     """Events of a ``WorkItem`` (its entry range); 1 for anything else (a file)."""
     start, stop = getattr(item, "entrystart", None), getattr(item, "entrystop", None)
     if isinstance(start, int) and isinstance(stop, int):
@@ -34,28 +50,28 @@ def item_size(item: Any) -> int:
 class CallProgress:
     """Counts and frontier of one call's graph (see the module docstring)."""
 
-    def __init__(self, graph: dict[Key, Any], items: list[Any], *, desc: str, unit: str,
-                 enabled: bool, compression: int | None) -> None:
+    def __init__(self, graph: Mapping[Key, Task], items: Sequence[object], *, desc: str,
+                 unit: str, enabled: bool, compression: int | None) -> None:
         self.compression = compression
         self.order = {k: i for i, k in enumerate(graph)}
         self.size: dict[Key, int] = {}
         self.deps: dict[Key, list[Key]] = {}
         for key, task in graph.items():
-            if str(key[0]).endswith("-item"):
+            if isinstance(key, tuple) and str(key[0]).endswith("-item"):
                 self.size[key] = item_size(items[int(key[2])])
-            else:
-                self.deps[key] = list(task[1])
+            else:  # a merge: the keys it merges
+                self.deps[key] = list(cast("Iterable[Key]", task[1]))
         self.total = sum(self.size.values())
         self.processed = 0
         self.accumulated = 0
         self.items_done = 0
         self.frontier: dict[Key, Partial] = {}
         self.desc, self.unit, self.enabled = desc, unit, enabled
-        self._bars: Any = None
-        self._ids: list[Any] = []
+        self._bars: Progress | None = None
+        self._ids: list[TaskID] = []
 
-    # --- the runtime's result hook -------------------------------------------------------
-    def __call__(self, keys: list[Key], values: dict[Key, Any]) -> None:
+    # --- the results' subscriber -------------------------------------------------------
+    def __call__(self, keys: list[Key], values: dict[Key, object]) -> None:
         for key in keys:
             if key in self.size:
                 self.processed += self.size[key]
@@ -104,18 +120,21 @@ class CallProgress:
                 "work items)")
 
 
+@runtime_checkable
+class ResultSource(Protocol):
+    """A cluster whose runs hand their results to subscribers (a datavine ``Cluster``)."""
+
+    def subscribe_results(self, hook: ResultHook) -> AbstractContextManager[None]:
+        ...
+
+
 @contextlib.contextmanager
-def result_hook(cluster: Any, hook: Callable[[list[Key], dict[Key, Any]], None]
-                ) -> Iterator[None]:
-    """``hook`` as the cluster's runtime's ``result_hook`` for the block (clusters without a
-    datavine runtime get no hook: no progress, no partial result on Ctrl-C)."""
-    runtime = getattr(cluster, "runtime", None)
-    if runtime is None:
+def subscribed(cluster: object, hook: ResultHook) -> Iterator[None]:
+    """``hook`` subscribed to ``cluster``'s results for the block; a cluster that offers no
+    subscription (any object with ``get``) gets none: no progress, no partial result on
+    Ctrl-C."""
+    if not isinstance(cluster, ResultSource):
         yield
         return
-    previous = getattr(runtime, "result_hook", None)
-    runtime.result_hook = hook
-    try:
+    with cluster.subscribe_results(hook):
         yield
-    finally:
-        runtime.result_hook = previous

@@ -19,6 +19,9 @@ Each cluster serves a live view of its runs (:mod:`datavine.dashboard`) at
 ``cluster.dashboard_url`` (127.0.0.1 unless ``dashboard=DashboardConfig(address=...)``,
 which then takes an access token); ``dashboard=False`` (or ``DATAVINE_DASHBOARD=0``) starts
 none. ``cluster.save_report(path)`` saves the last run's view as one HTML file.
+
+``with cluster.subscribe_results(hook):`` has ``hook(keys, values)`` called after each
+delivery of the runs within the block (the coffea executor's progress and partial merge).
 """
 
 from __future__ import annotations
@@ -29,19 +32,23 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self, cast
 
-from datavine.config import LocalWorkersConfig, ManagerConfig, RunConfig
+from datavine.config import LocalWorkersConfig, ManagerConfig, RunChanges, RunConfig
 from datavine.dashboard.events import NO_SINK
 from datavine.dashboard.launch import Dashboard, DashboardConfig, dashboard_config
 from datavine.deploy.local_workers import LocalWorkers, local_worker_id
 from datavine.deploy.reaper import reaper
 from datavine.deploy.signals import terminate_gracefully
 from datavine.manager.environment import PackedEnv
+from datavine.manager.port import ResultHook
 from datavine.manager.runtime import Runtime
 from datavine.scheduler.labels import rack_of
+from datavine.scheduler.lifecycle import Lifecycle, Step
+from datavine.scheduler.summary import RunSummary
 
 log = logging.getLogger("datavine")
 
@@ -96,7 +103,7 @@ class Cluster:
             raise RuntimeError("the cluster is not started: use 'with' or call start()")
         return self.runtime
 
-    def start(self) -> Cluster:
+    def start(self) -> Self:
         self._open.enter_context(terminate_gracefully())
         if self._own_run_dir is not None:
             reaper().add_path(self._own_run_dir)
@@ -181,13 +188,32 @@ class Cluster:
         """Names of the workers this cluster started that still run (none here)."""
         return set()
 
-    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
-        """The dask scheduler callable."""
+    def get(self, dsk: object, keys: object, **kwargs: object) -> Any:
+        """The dask scheduler callable (:meth:`Runtime.get
+        <datavine.manager.runtime.Runtime.get>`)."""
         return self._rt.get(dsk, keys, **kwargs)
 
+    @contextlib.contextmanager
+    def subscribe_results(self, hook: ResultHook) -> Iterator[None]:
+        """``hook(keys, values)`` after each delivery of the runs started within the block
+        (:meth:`Runtime.subscribe_results <datavine.manager.runtime.Runtime.subscribe_results>`)."""
+        with self._rt.subscribe_results(hook):
+            yield
+
     @property
-    def last_summary(self) -> Any:
+    def last_summary(self) -> RunSummary | None:
         return self._rt.last_summary
+
+    def story(self, what: Hashable) -> list[Step]:
+        """What happened in the last run to a task (its dask key) or a bundle (its number):
+        each step with its time -- sent where, running on which worker, retried why, failed
+        over from which shard, done where (:mod:`datavine.scheduler.lifecycle`). Each step
+        prints as a line: ``print(*cluster.story(key), sep="\\n")``. KeyError when the last run
+        had no such task, or there was no run."""
+        summary = self._rt.last_summary
+        if summary is None:
+            raise KeyError(f"no run on this cluster yet: no story of {what!r}")
+        return Lifecycle.from_dict(summary.lifecycle).story(what)
 
     def close(self) -> None:
         if self.dashboard is not None:
@@ -201,7 +227,7 @@ class Cluster:
             reaper().remove_path(self._own_run_dir)
         self._open.close()
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> Self:
         try:
             return self.start()
         except BaseException:
@@ -214,7 +240,8 @@ class Cluster:
 
 
 class LocalCluster(Cluster):
-    """A manager plus ``workers`` local vine_worker processes of ``cores`` cores each."""
+    """A manager plus ``workers`` local vine_worker processes of ``cores`` cores each;
+    ``run_options``: fields of :class:`datavine.config.RunConfig` that change ``run``."""
 
     def __init__(self, workers: int = 2, cores: int = 1, *, memory_mb: int | None = None,
                  features: tuple[str, ...] = (), racks: tuple[str, ...] = (),
@@ -222,8 +249,10 @@ class LocalCluster(Cluster):
                  run: RunConfig | None = None, connect_timeout_s: float = 60.0,
                  environment: PackedEnv | None = None, warm_up: bool = True,
                  dashboard: bool | DashboardConfig | None = None,
-                 **run_options: Any) -> None:
-        run = (run or RunConfig()).replace(**run_options) if run_options else run
+                 **run_options: object) -> None:
+        # RunChanges' items, but for ``racks`` (the workers' here): replace checks the names
+        changes = cast(RunChanges, run_options)
+        run = (run or RunConfig()).replace(**changes) if changes else run
         super().__init__(manager, run, min_workers=workers, connect_timeout_s=connect_timeout_s,
                          environment=environment, dashboard=dashboard)
         self.warm_up = warm_up
@@ -244,11 +273,10 @@ class LocalCluster(Cluster):
             self._rt.topology.announce(local_worker_id(i), rack_of(i, cfg.workers, cfg.racks),
                                        cfg.cores)
 
-    def start(self) -> LocalCluster:
+    def start(self) -> Self:
         """Start the manager and the workers, wait for them, and (``warm_up``) start the
         library on every worker core, so that the first run does not wait for it."""
-        super().start()
-        return self
+        return super().start()
 
     def _wait_ready(self) -> None:
         """With ``warm_up``, the library's first calls (one per core, each for its worker)

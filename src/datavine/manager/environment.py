@@ -30,9 +30,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from datavine.errors import DatavineError
+
+if TYPE_CHECKING:
+    from datavine.manager.taskvine_types import VineFile, VineManager, VineTask
 
 FORMAT = 1  # bump when the tree's layout changes: the key then changes too
 LIBRARY_NEEDS = ("cloudpickle", "threadpoolctl")  # TaskVine's library code imports them
@@ -133,14 +136,15 @@ def pack_environment(spec: EnvSpec | None = None, cache_dir: Path | str | None =
     return PackedEnv(path=path, reused=reused, **json.loads(meta.read_text()))
 
 
-def declare_environment_files(manager: Any, packed: PackedEnv, *,
-                              cache: str = "worker") -> tuple[Any, Any]:
+def declare_environment_files(manager: VineManager, packed: PackedEnv, *,
+                              cache: str = "worker") -> tuple[VineFile, VineFile]:
     """Declare ``packed``; returns (the tarball's ``vine.File``, the unpacked tree's)."""
     tarball = manager.declare_file(str(packed.path), cache=cache, peer_transfer=True)
     return tarball, manager.declare_untar(tarball, cache=cache)
 
 
-def declare_environment(manager: Any, packed: PackedEnv, *, cache: str = "worker") -> Any:
+def declare_environment(manager: VineManager, packed: PackedEnv, *,
+                        cache: str = "worker") -> VineFile:
     """Declare ``packed`` to a TaskVine manager; returns the unpacked tree's ``vine.File``.
 
     The manager sends the tarball to the first worker that needs it; later workers fetch it
@@ -150,7 +154,7 @@ def declare_environment(manager: Any, packed: PackedEnv, *, cache: str = "worker
     return declare_environment_files(manager, packed, cache=cache)[1]
 
 
-def use_environment(task: Any, env_file: Any) -> None:
+def use_environment(task: VineTask, env_file: object) -> None:
     """Run ``task`` (a Task, a LibraryTask) inside the unpacked tree. Call it once the
     command is set: it becomes ``<mount>/bin/run_in_env <command>``, ``python`` the tree's."""
     task.add_execution_context(env_file)

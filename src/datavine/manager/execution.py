@@ -3,26 +3,27 @@ and its instructions back.
 
 :class:`GraphRun` owns no decision: :class:`datavine.scheduler.run_state.RunState` decides what to
 submit, retry, withdraw, drop or raise. The driver reads the clock, samples the pool through
-the runtime's port (:class:`datavine.manager.runtime.Runtime`: connected cores, calls' states, calls
+the runtime's port (:class:`datavine.manager.port.RunPort`: connected cores, calls' states, calls
 TaskVine requeued, workers lost, the library's health), waits for calls (every wait bounded),
 and maps the state's call and temp numbers onto TaskVine's tasks and files. It also does the
-I/O the state cannot: progress on the terminal, the result hook (the coffea executor's
-progress and partial merge), fetching kept values after Ctrl-C, and stopping the calls of a
-run that failed.
+I/O the state cannot: progress on the terminal, the result hook (``on_results``: the coffea
+executor's progress and partial merge), fetching kept values after Ctrl-C, and stopping the
+calls of a run that failed.
 """
 
 from __future__ import annotations
 
+import pickle
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from datavine.config import RunConfig
 from datavine.dashboard.events import NO_SINK, NullSink
+from datavine.manager.port import ResultHook, RunPort
 from datavine.manager.progress import RunProgress
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.run_state import (
@@ -43,35 +44,37 @@ from datavine.scheduler.run_state import (
 )
 from datavine.scheduler.summary import network_line
 
-if TYPE_CHECKING:
-    from datavine.manager.runtime import Runtime
-
 Key = Hashable
 SALVAGE_S = 15.0  # at most this long fetching kept values after Ctrl-C
 REFRESH_S = 1.0  # how often the pool is sampled and the library's health is checked
 
 
 class GraphRun:
-    """Drive one ``get`` call's :class:`RunState` on a runtime (or a fake of its port)."""
+    """Drive one ``get`` call's :class:`RunState` through a :class:`RunPort` (a runtime, or a
+    fake of it); ``on_results(keys, values)`` after each delivery, and with the values kept on
+    workers when the run is interrupted (None: no one listens, nothing is fetched)."""
 
-    def __init__(self, rt: Runtime, graph: graphs.TaskGraph, cfg: RunConfig,
-                 clock: Callable[[], float] = time.monotonic, sink: NullSink = NO_SINK) -> None:
+    def __init__(self, rt: RunPort, graph: graphs.TaskGraph, cfg: RunConfig,
+                 clock: Callable[[], float] = time.monotonic, sink: NullSink = NO_SINK,
+                 on_results: ResultHook | None = None) -> None:
         self.rt = rt
         self.sink = sink  # the run's events, for the live view (datavine.dashboard.events)
+        self.on_results = on_results
         self.clock = clock
         self.state = RunState(graph, cfg, rt.learned, now=clock(), port=rt.port)
         self.cfg = cfg
         self.tasks: dict[int, int] = {}  # the state's call -> TaskVine task id
         self.calls: dict[int, int] = {}  # TaskVine task id -> call
-        self.temps: dict[int, Any] = {}  # the state's temp -> TaskVine file
+        self.temps: dict[int, object] = {}  # the state's temp -> TaskVine file
         self.progress = RunProgress(len(graph), enabled=cfg.progress)
         self.bytes_at_start = rt.file_bytes()
         self.library = ""
         self.said = 0  # network findings printed so far
 
-    def execute(self) -> dict[Key, Any]:
+    def execute(self) -> dict[Key, object]:
         self.library = self.rt.ensure_library()
         state = self.state
+        assert state.files_of is not None  # RunState sets it when none is given
         self.sink.run_started(state.graph, state.files_of, self.cfg.shardmap)
         # the first turn samples the pool: workers that connected before the run are
         # known, with their hosts and racks, before its first bundles are placed
@@ -91,8 +94,8 @@ class GraphRun:
                     if done is not None and call is not None:
                         del self.tasks[call]
                         self.sink.done(call, done)
-                        self._apply(state.handle(CallDone(call, done.result, done.addrport,
-                                                          self.clock(), done.failure)))
+                        self._apply(state.handle(CallDone.received(
+                            call, done.result, done.addrport, self.clock(), done.failure)))
         except KeyboardInterrupt:
             self._salvage()
             raise
@@ -136,9 +139,8 @@ class GraphRun:
                     self.rt.undeclare(file)
             elif isinstance(ins, Deliver):
                 self.progress.advance(len(ins.keys))
-                hook = getattr(self.rt, "result_hook", None)  # e.g. the coffea executor's
-                if hook is not None:
-                    hook(ins.keys, ins.values)
+                if self.on_results is not None:  # e.g. the coffea executor's
+                    self.on_results(ins.keys, ins.values)
             elif isinstance(ins, Network):
                 self.rt.network_fallback(ins.block, ins.unblock, ins.peers_off)
             elif isinstance(ins, Fail):
@@ -160,7 +162,8 @@ class GraphRun:
             if temp not in self.temps:
                 self.temps[temp] = self.rt.declare_temp()
         task = self.rt.submit_bundle(
-            self.rt.dumps(ins.spec), ins.cap_mb, ins.preload, ins.limit_s, list(ins.features),
+            self.rt.dumps(ins.spec.encode()), ins.cap_mb, ins.preload, ins.limit_s,
+            list(ins.features),
             fetch={name: self.temps[t] for name, t in ins.fetch.items()},
             store={name: self.temps[t] for name, t in ins.store.items()})
         self.tasks[ins.call], self.calls[task] = task, ins.call
@@ -170,20 +173,23 @@ class GraphRun:
     def _salvage(self) -> None:
         """Interrupted: hand the result hook the values still kept on workers (the coffea
         executor merges what finished), fetched before their temps are dropped."""
-        hook = getattr(self.rt, "result_hook", None)
+        hook = self.on_results
         if hook is None:
             return
         deadline = self.clock() + SALVAGE_S
         failed: set[str | None] = set()  # a worker that did not answer is not asked again
+        files: dict[int, dict[Key, bytes]] = {}  # a bundle's file holds several values
         for key, held in list(self.state.kept.held.items()):
             file = self.temps.get(held.file)
             if file is None or held.worker in failed or self.clock() > deadline:
                 continue
-            data = self.rt.fetch(file)
-            if data is None:
-                failed.add(held.worker)
-            else:
-                hook([], {key: cloudpickle.loads(data)})
+            if held.file not in files:
+                data = self.rt.fetch(file)
+                if data is None:
+                    failed.add(held.worker)
+                    continue
+                files[held.file] = pickle.loads(data)
+            hook([], {key: cloudpickle.loads(files[held.file][key])})
 
     def _close(self) -> None:
         """Withdraw what was not dispatched yet, and stop the calls still running (a run that

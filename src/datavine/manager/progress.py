@@ -5,7 +5,14 @@ from __future__ import annotations
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from datavine.scheduler.summary import RunSummary
 
@@ -17,7 +24,7 @@ class RunProgress:
         self.enabled = enabled
         self.console = console or Console(stderr=True)
         self._progress: Progress | None = None
-        self._task: int | None = None
+        self._task: TaskID | None = None
         self._total = total
 
     def __enter__(self) -> RunProgress:

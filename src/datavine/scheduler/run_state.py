@@ -9,10 +9,18 @@ and never sees TaskVine: calls are numbered here, temp files are numbered here, 
 
 Events: :class:`Tick` (the loop turned; the pool's size), :class:`PoolSample` (the calls'
 TaskVine states, calls TaskVine requeued by itself, workers that left), :class:`CallDone` (a
-call's status dict, or why there is none) and :class:`CallWithdrawn` (a call cancelled before
-a worker took it, as asked). Instructions: :class:`Submit`, :class:`Withdraw` (cancel if not
+call's :class:`datavine.protocol.BundleResult`, or why there is none) and
+:class:`CallWithdrawn` (a call cancelled before a worker took it, as asked). Instructions:
+:class:`Submit` (a :class:`datavine.protocol.BundleSpec`), :class:`Withdraw` (cancel if not
 dispatched yet), :class:`DropTemp`, :class:`Deliver` (values for progress and the result
 hook) and :class:`Fail` (the run cannot succeed: raise this).
+
+Each bundle moves through the phases of :mod:`datavine.scheduler.lifecycle` (held, sent,
+running, withdrawing, then done, retried, failed over, withdrawn, failed or abandoned) in
+one place, :meth:`RunState._move`, which checks the lifecycle's table and records the step:
+:meth:`RunState.story` tells what happened to a task or bundle, a run's failure carries the
+story of the bundle it failed on, and :meth:`RunState.validate` checks that the lifecycle,
+the calls in flight, the dispatcher's held bundles and the planner agree.
 
 The decisions are the pure modules': bundles from :mod:`datavine.scheduler.bundling`, placement from
 :mod:`datavine.scheduler.dispatch`, caps from :mod:`datavine.scheduler.memory`, kept values from
@@ -41,33 +49,39 @@ from datavine.errors import (
     TaskTimeLimitError,
 )
 from datavine.io.shards import ShardHealth, logical_name
+from datavine.protocol import BundleResult, BundleSpec, ProtocolError, Status
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle, CostModel, Planner
 from datavine.scheduler.dispatch import Dispatcher
 from datavine.scheduler.inputs import task_files
 from datavine.scheduler.intermediates import Intermediates, Plan
+from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
 from datavine.scheduler.memory import GiveUp, MemoryState
 from datavine.scheduler.network import Finding, LibraryState, NetworkWatch
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Target, Topology, counted_tier
-from datavine.worker import remote
 
 Key = Hashable
 TASK_READY = "READY"  # TaskVine's state of a call submitted and not dispatched to a worker
+STORY_LINES = 20  # a failed run's error notes at most this many steps of its bundle's story
 
 
 @dataclass
 class Learned:
     """What a manager learns across runs and hands to each: task costs per category, memory
     peaks and caps, the workers it has seen (and their racks), shards seen failing, workers
-    dropped for the network (:mod:`datavine.scheduler.network`)."""
+    dropped for the network (:mod:`datavine.scheduler.network`), and the largest output
+    seen per kind of task (category and function, ``TaskGraph.output_kind``: a kind whose
+    outputs came back small makes no temp file in the next run's first bundles either,
+    :mod:`datavine.scheduler.intermediates`)."""
 
     costs: CostModel
     memory: MemoryState | None
     topology: Topology
     shard_health: ShardHealth
     network: NetworkWatch = field(default_factory=NetworkWatch)
+    largest_output: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, run: RunConfig, here: str = "localhost") -> Learned:
@@ -105,13 +119,28 @@ class PoolSample:
 
 @dataclass(frozen=True)
 class CallDone:
-    """A call came back: the library's status dict, or ``None`` and why (``failure``)."""
+    """A call came back: the library's result, or ``None`` and why (``failure``: its worker
+    or library died under it; ``unreadable``: it came back in a form this datavine does not
+    read, and the run fails with that error)."""
 
     call: int
-    result: dict[str, Any] | None
+    result: BundleResult | None
     addrport: str | None
     now: float
     failure: str = ""
+    unreadable: ProtocolError | None = None
+
+    @classmethod
+    def received(cls, call: int, data: Mapping[str, Any] | None, addrport: str | None,
+                 now: float, failure: str = "") -> CallDone:
+        """A call's result as it came over the wire (an encoded
+        :class:`datavine.protocol.BundleResult`, or None), decoded here."""
+        if data is None:
+            return cls(call, None, addrport, now, failure)
+        try:
+            return cls(call, BundleResult.decode(data, addrport), addrport, now)
+        except ProtocolError as exc:
+            return cls(call, None, addrport, now, str(exc), unreadable=exc)
 
 
 @dataclass(frozen=True)
@@ -131,7 +160,7 @@ class Submit:
     numbers (a number not seen before is a new temp to declare)."""
 
     call: int
-    spec: dict[str, Any]
+    spec: BundleSpec
     cap_mb: float | None
     preload: tuple[str, ...]
     limit_s: float | None
@@ -141,7 +170,7 @@ class Submit:
 
     @property
     def keys(self) -> list[Key]:
-        return [key for key, _ in self.spec["nodes"]]
+        return self.spec.keys
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -199,23 +228,27 @@ class _Failed(Exception):
         self.error = error
 
 
+@dataclass(frozen=True)
+class _Again:
+    """What to do with a call once withdrawn: retry it (counting an attempt) or requeue it."""
+
+    why: Reason
+    reason: str = ""
+    retry: bool = True
+    anywhere: bool = False  # requeued (not retried) to run on any worker
+
+
 @dataclass
 class Inflight:
+    """A call out: its bundle and where, under what cap, which temps it reads and makes;
+    ``again``: what to do once it is withdrawn (set while its bundle is withdrawing)."""
+
     bundle: Bundle
     target: Target
     category: str
     cap_mb: float | None
     plan: Plan
-    dispatched: bool = False  # seen running at a pool sample
-
-
-@dataclass(frozen=True)
-class _Again:
-    """What to do with a call once withdrawn: retry it (counting an attempt) or requeue it."""
-
-    reason: str = ""
-    retry: bool = True
-    anywhere: bool = False  # requeued (not retried) to run on any worker
+    again: _Again | None = None
 
 
 @dataclass
@@ -245,11 +278,12 @@ class RunState:
         self._calls = itertools.count(1)
         self._out: list[Instruction] = []
         self.kept = Intermediates(self._temps.__next__,
-                                  lambda temp: self._out.append(DropTemp(temp)))
+                                  lambda temp: self._out.append(DropTemp(temp)),
+                                  largest=self.learned.largest_output)
         self.values: dict[Key, Any] = {}  # values at the manager: outputs, small ones
         self.consumers = {k: set(d) for k, d in graph.dependents.items()}
         self.inflight: dict[int, Inflight] = {}
-        self.withdrawing: dict[int, _Again] = {}
+        self.life = Lifecycle(self.now)  # each bundle's phase and steps
         self.cap_override: dict[Key, float] = {}  # tasks retried after an overrun
         self.attempts: Counter[Key] = Counter()  # by task: a requeued task gets a new bundle
         self.timed_out: Counter[Key] = Counter()
@@ -287,11 +321,45 @@ class RunState:
 
     def close(self) -> list[Instruction]:
         """The run is over (finished, failed or interrupted) and its calls are gone: drop
-        every temp still declared."""
-        for call in list(self.inflight):
+        every temp still declared; bundles still out or held are abandoned."""
+        for call, entry in list(self.inflight.items()):
+            self._move(entry.bundle, Phase.ABANDONED, detail="the run ended with it out")
             self._forget(call)
+        for bundle, _ in self.dispatch.held:
+            if bundle.id not in self.life.bundles:  # held by a turn that did not finish
+                self._move(bundle, Phase.HELD)
+            self._move(bundle, Phase.ABANDONED, detail="the run ended before it was sent")
+        self.dispatch.held.clear()
         self.kept.clear()
         return self._take()
+
+    def story(self, what: Any) -> list[Step]:
+        """What happened to a task (its key, or the key's ``repr``/``str``) or a bundle (its
+        number) in this run, step by step (:mod:`datavine.scheduler.lifecycle`)."""
+        return self.life.story(what)
+
+    def validate(self) -> None:
+        """Check that the lifecycle agrees with the rest of the state (InvariantError
+        naming what does not): each call in flight belongs to a bundle that is sent,
+        running or withdrawing, and each such bundle has its call; a bundle is withdrawing
+        exactly when its call is to be withdrawn; the held bundles are the dispatcher's;
+        no task is in two live bundles, or both done and in a live bundle; a task is done
+        exactly when the last bundle it was in is done (and its value was not lost since);
+        values at the manager and kept on workers are of done tasks; and the topology
+        counts the calls in flight. For tests: it walks the whole state."""
+        self.life.check(
+            {call: (e.bundle.id, e.again is not None) for call, e in self.inflight.items()},
+            [b.id for b, _ in self.dispatch.held], self.planner.done, self.graph.nodes)
+        errors = []
+        for key in [*self.values, *self.kept.held]:
+            if key not in self.planner.done:
+                errors.append(f"task {key!r} has a value but is not done")
+        counted = sum(self.learned.topology.inflight.values())
+        if counted != len(self.inflight):
+            errors.append(f"the topology counts {counted} calls in flight, the run "
+                          f"{len(self.inflight)}")
+        if errors:
+            raise InvariantError("; ".join(errors))
 
     def summarize(self, wall_s: float, workers: int, manager_out: int,
                   manager_in: int) -> RunSummary:
@@ -303,6 +371,7 @@ class RunState:
         summary.workers = workers
         if self.learned.memory is not None:
             summary.memory = self.learned.memory.as_dict()
+        summary.lifecycle = self.life.to_dict()
         off = placement_off_reason(self.cfg.placement, self.cfg.shardmap,
                                    [w.rack for w in self.learned.topology.workers.values()])
         if off and summary.placement:
@@ -313,8 +382,24 @@ class RunState:
         out, self._out = self._out, []
         return out
 
-    def _fail(self, error: BaseException) -> NoReturn:
+    def _fail(self, error: BaseException, bundle: Bundle | None = None,
+              reason: Reason | None = None, detail: str = "") -> NoReturn:
+        """The run cannot succeed: raise ``error``. When it fails on a bundle, the bundle
+        moves to failed and the error gets a note with the story of its tasks."""
+        if bundle is not None:
+            self._move(bundle, Phase.FAILED, reason=reason, detail=detail or str(error))
+            error.add_note(
+                f"datavine: the story of bundle {bundle.id} (tasks {_shown(bundle.keys)}; "
+                "cluster.story(key) or datavine story RUN.json tells it again):\n"
+                + tell(self.life.keys_story(bundle.keys), limit=STORY_LINES))
         raise _Failed(error)
+
+    def _move(self, bundle: Bundle, to: Phase, *, call: int | None = None,
+              reason: Reason | None = None, detail: str = "") -> None:
+        """The one place a bundle changes phase: checked against the lifecycle's table
+        (IllegalMove otherwise) and recorded in its story."""
+        self.life.move(bundle.id, to, self.now, keys=bundle.keys, call=call, reason=reason,
+                       detail=detail)
 
     # --- the loop turns: bounds, then submissions -------------------------------------------
     def _tick(self, tick: Tick) -> None:
@@ -333,6 +418,9 @@ class RunState:
         for bundle, target, placement in self.dispatch.fill(tick.now, tick.cores,
                                                             len(self.inflight)):
             self._submit(bundle, target, placement)
+        for bundle in self.dispatch.newly_held:  # those held before are HELD already
+            if bundle.id not in self.life.bundles:
+                self._move(bundle, Phase.HELD, detail="waits for a slot near its files")
 
     def _submit(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory
@@ -346,26 +434,27 @@ class RunState:
         limits = {k: limit for k, c in categories.items()
                   if (limit := cfg.time_limit(c)) is not None}
         keep = [k for k in bundle.outputs if k not in graph.outputs
-                and self.kept.worth_keeping(graph.category(k), cfg.inline_max_bytes)
+                and self.kept.worth_keeping(graph.output_kind(k), cfg.inline_max_bytes)
                 ] if cfg.keep_on_workers and self.learned.network.keep_on_workers else []
         plan = self.kept.plan(keep, bundle.inputs)
-        spec = {
-            "nodes": [(k, graph.nodes[k]) for k in bundle.keys],
-            "inputs": {k: self.values[k] for k in bundle.inputs if k not in plan.fetch},
-            "input_files": plan.fetch,
-            "outputs": sorted(bundle.outputs, key=graph.priority.__getitem__),
-            "store": plan.store,
-            "inline_max": cfg.inline_max_bytes,
-            "categories": categories,
-            "shardmap": cfg.shardmap,
-            "limits": limits,
-        }
+        spec = BundleSpec(
+            nodes=[(k, graph.nodes[k]) for k in bundle.keys],
+            inputs={k: self.values[k] for k in bundle.inputs if k not in plan.fetch},
+            input_files=plan.fetch,
+            outputs=sorted(bundle.outputs, key=graph.priority.__getitem__),
+            store=plan.store,
+            inline_max=cfg.inline_max_bytes,
+            categories=categories,
+            shardmap=cfg.shardmap,
+            limits=limits,
+        )
         call = next(self._calls)
         self._out.append(Submit(
             call, spec, cap_mb, self.preload, sum(limits.values()) if limits else None, target,
             fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
             store={name: plan.declared[key] for key, name in plan.store.items()}))
         self.inflight[call] = Inflight(bundle, target, category, cap_mb, plan)
+        self._move(bundle, Phase.SENT, call=call, detail=_sent_to(target, cap_mb, placement))
         self.summary.bundles += 1
         if bundle.files:
             self.summary.placement[counted_tier(placement, target)] += 1
@@ -384,21 +473,28 @@ class RunState:
             self._recover(self.kept.lost_on(set(sample.lost_addr)))
         # TaskVine's log names the calls it put back with a new attempt; a call seen running
         # that is waiting again was put back without one (its library died: "forsaken").
-        requeued = set(sample.requeued)
+        # A withdrawing call is left to its withdrawal or its result.
+        requeued = {c for c in sample.requeued if c in self.inflight}
         for call, entry in self.inflight.items():
             state = sample.states.get(call, "")
-            if state == TASK_READY and entry.dispatched:
+            phase = self.life.phase(entry.bundle.id)
+            if phase is Phase.RUNNING and state == TASK_READY:
                 requeued.add(call)
-            entry.dispatched = state != TASK_READY
+            elif phase is Phase.SENT and state != TASK_READY:
+                where = sample.where.get(call)
+                self._move(entry.bundle, Phase.RUNNING, detail=f"on {where}" if where else "")
         for call in sorted(requeued):
-            entry = self.inflight.get(call)
-            if entry is None:
+            entry = self.inflight[call]
+            if self.life.phase(entry.bundle.id) is Phase.WITHDRAWING:
                 continue
-            entry.dispatched = False
+            if self.life.phase(entry.bundle.id) is Phase.RUNNING:
+                self._move(entry.bundle, Phase.SENT, reason=Reason.LOST_WORKER,
+                           detail="TaskVine put it back: its worker or library died under it")
             if sample.states.get(call) == TASK_READY:
                 # TaskVine would hold it back for its transient-error interval (~15 s):
                 # withdraw it, and run it again at once where there is room.
-                self._withdraw(call, _Again("its worker or library died under it"))
+                self._withdraw(call, _Again(Reason.LOST_WORKER,
+                                            "its worker or library died under it"))
             else:  # TaskVine sent it to another worker already: count the retry
                 self.summary.retries += 1
                 self.summary.failures.append(
@@ -406,12 +502,15 @@ class RunState:
                     "library died under it; TaskVine sent it to another worker")
         for call, entry in list(self.inflight.items()):
             if entry.target.worker in sample.gone and sample.states.get(call) == TASK_READY:
-                self._withdraw(call, _Again(f"worker {entry.target.worker} left"))
+                self._withdraw(call, _Again(Reason.LOST_WORKER,
+                                            f"worker {entry.target.worker} left"))
         self._watch_network(sample)
 
     def _withdraw(self, call: int, again: _Again, *, running: bool = False) -> None:
-        if call not in self.withdrawing:
-            self.withdrawing[call] = again
+        entry = self.inflight[call]
+        if entry.again is None:
+            entry.again = again
+            self._move(entry.bundle, Phase.WITHDRAWING, reason=again.why, detail=again.reason)
             self._out.append(Withdraw(call, running))
 
     def _watch_network(self, sample: PoolSample) -> None:
@@ -427,7 +526,8 @@ class RunState:
         for call, addr in sorted(sample.where.items()):
             if addr in actions.stalled and call in self.inflight:
                 why = f"its worker {names.get(addr, addr)}'s library did not start"
-                self._withdraw(call, _Again(why, retry=False, anywhere=True), running=True)
+                self._withdraw(call, _Again(Reason.REQUEUED, why, retry=False, anywhere=True),
+                               running=True)
         self._out_of_placement(actions.stalled, sample.states)
         if actions.for_runtime:
             self._out.append(Network(actions.block, actions.unblock, actions.peers_off))
@@ -452,20 +552,23 @@ class RunState:
             target = entry.target
             if states.get(call) == TASK_READY and (target.worker in ids or target.rack in empty):
                 where = target.worker or f"rack {target.rack}"
-                self._withdraw(call, _Again(f"{where} was dropped for the network",
+                self._withdraw(call, _Again(Reason.REQUEUED,
+                                            f"{where} was dropped for the network",
                                             retry=False, anywhere=True))
 
     def _say(self, findings: Iterable[Finding]) -> None:
         self.summary.network.extend(f.as_dict() for f in findings)
 
     def _withdrawn(self, call: int) -> None:
-        again = self.withdrawing.pop(call, None)
         entry = self._forget(call)
-        if entry is None or again is None:
+        if entry is None:
             return
+        again = entry.again or _Again(Reason.REQUEUED, "withdrawn", retry=False)
         if again.retry:
-            self._retry(entry.bundle, again.reason, anywhere=True)
+            self._retry(entry.bundle, again.why, again.reason, to=Phase.WITHDRAWN,
+                        anywhere=True)
         else:
+            self._move(entry.bundle, Phase.WITHDRAWN, reason=again.why, detail=again.reason)
             if again.anywhere:
                 self.dispatch.anywhere.update(entry.bundle.keys)
             self.planner.requeue(entry.bundle)
@@ -481,47 +584,58 @@ class RunState:
     # --- results ----------------------------------------------------------------------------
     def _done(self, done: CallDone) -> None:
         result = done.result
-        self.withdrawing.pop(done.call, None)
-        ok = bool(result and result.get("status") == remote.STATUS_OK)
-        entry = self._forget(done.call, succeeded=ok)
+        entry = self._forget(done.call, succeeded=result is not None and result.ok)
         if entry is None:
             return  # a call withdrawn earlier
+        if done.unreadable is not None:
+            self._fail(done.unreadable, entry.bundle, Reason.PROTOCOL)
         if result is None:  # the library or its worker died under the call
-            self._retry(entry.bundle, done.failure, anywhere=True)
+            self._retry(entry.bundle, Reason.LOST_WORKER,
+                        done.failure or f"its worker {done.addrport} died under it",
+                        anywhere=True)
             return
-        where = f"{result.get('worker') or done.addrport} ({result.get('host', '?')})"
-        status = result["status"]
-        if status == remote.STATUS_OK:
-            self._accept(entry, result, done.addrport)
-        elif status == remote.STATUS_MEMORY:
+        where = f"{result.worker or done.addrport} ({result.host or '?'})"
+        status = result.status
+        if status is Status.OK:
+            self._accept(entry, result, done.addrport, where)
+        elif status is Status.MEMORY:
             self._overrun(entry, result, where)
-        elif status == remote.STATUS_INPUT:
+        elif status is Status.INPUT:
             self._input_failed(entry, result, where)
-        elif status == remote.STATUS_TIME:
+        elif status is Status.TIME:
             self._over_time(entry, result, where)
-        elif status == remote.STATUS_LOST:  # not the bundle's fault: no attempt counted
-            self.summary.failures.append(f"bundle {entry.bundle.id}: {result.get('message')}")
-            self._recover(self.kept.lose([result.get("key")]))
+        elif status is Status.LOST:  # not the bundle's fault: no attempt counted
+            self.summary.failures.append(f"bundle {entry.bundle.id}: {result.message}")
+            self._move(entry.bundle, Phase.RETRIED, reason=Reason.INPUT_LOST,
+                       detail=f"on {where}: {result.message}")
+            self._recover(self.kept.lose([result.key]))
             self.dispatch.anywhere.update(entry.bundle.keys)
             self.planner.requeue(entry.bundle)
-        elif status == remote.STATUS_LOAD:
+        elif status is Status.LOAD:
             self._fail(TaskLoadError(
                 f"worker {where} could not load tasks {_shown(entry.bundle.keys)}: "
-                f"{result.get('message')}. Install the module in the workers' environment, or "
+                f"{result.message}. Install the module in the workers' environment, or "
                 "send it by value: RunConfig(pickle_by_value=('module',)).\n"
-                f"{result.get('traceback', '')}"))
+                f"{result.traceback}"), entry.bundle, Reason.LOAD, result.message)
+        elif status is Status.PROTOCOL:
+            self._fail(ProtocolError(
+                f"worker {where} could not read bundle {entry.bundle.id} (tasks "
+                f"{_shown(entry.bundle.keys)}): {result.message}"), entry.bundle,
+                Reason.PROTOCOL, result.message)
         else:
-            self._fail(_task_error(entry.bundle, result, where))
+            self._fail(_task_error(entry.bundle, result, where), entry.bundle,
+                       Reason.TASK_ERROR, f"on {where}: {result.message}")
 
-    def _accept(self, entry: Inflight, result: dict[str, Any], addrport: str | None) -> None:
+    def _accept(self, entry: Inflight, result: BundleResult, addrport: str | None,
+                where: str) -> None:
         bundle, graph = entry.bundle, self.graph
-        for key, blob in result["values"].items():
+        for key, blob in result.values.items():
             self.values[key] = cloudpickle.loads(blob)
-        sizes = {**{k: len(b) for k, b in result["values"].items()}, **result.get("stored", {})}
+        sizes = {**{k: len(b) for k, b in result.values.items()}, **result.stored}
         for key, nbytes in sizes.items():
-            self.kept.observe(graph.category(key), nbytes)
+            self.kept.observe(graph.output_kind(key), nbytes)
         self.kept.fetched(entry.plan, addrport)
-        self.kept.made(entry.plan, result.get("stored", {}), result["values"], addrport)
+        self.kept.made(entry.plan, result.stored, result.values, addrport)
         for key in bundle.keys:
             for dep in graph.dependencies[key]:
                 users = self.consumers[dep]
@@ -530,12 +644,15 @@ class RunState:
                     self.values.pop(dep, None)
                     self.kept.consumed(dep)
         self.planner.complete(bundle)
-        peak = float(result.get("peak_mb") or 0.0)
+        self._move(bundle, Phase.DONE, detail=(
+            f"on {where} in {result.wall_s:.3f} s, peak {result.peak_mb:.0f} MB; "
+            f"{len(result.values)} values back, {len(result.stored)} kept there"))
+        peak = result.peak_mb
         worker = self._note_worker(result, addrport, bundle)
         if self.learned.memory is not None and entry.cap_mb:
             self.learned.memory.record_peak(entry.category, peak)
         summary = self.summary
-        for category, (count, seconds) in result.get("timing", {}).items():
+        for category, (count, seconds) in result.timing.items():
             self.learned.costs.observe(category, count, seconds)
             stats = summary.categories[category]
             stats.tasks += count
@@ -547,57 +664,62 @@ class RunState:
         summary.completions.extend((t, k, worker) for k in bundle.keys)
         summary.worker_peak_mb[worker] = max(summary.worker_peak_mb.get(worker, 0.0), peak)
         summary.tasks += len(bundle.keys)
-        summary.hosts[result.get("host", "?")] += len(bundle.keys)
-        self._out.append(Deliver(list(bundle.keys), {k: self.values[k] for k in result["values"]
+        summary.hosts[result.host or "?"] += len(bundle.keys)
+        self._out.append(Deliver(list(bundle.keys), {k: self.values[k] for k in result.values
                                                      if k in self.values}))
 
-    def _note_worker(self, result: dict[str, Any], addrport: str | None, bundle: Bundle) -> str:
-        reads = result.get("reads", ())
+    def _note_worker(self, result: BundleResult, addrport: str | None, bundle: Bundle) -> str:
+        reads = result.reads
         files = {r["lfn"] for r in reads} | {logical_name(f) for f in bundle.files}
-        known = self.learned.topology.learn(result.get("worker"), result.get("rack"), addrport,
-                                            files, host=result.get("host"))
-        self.summary.add_reads(reads, result.get("rack"))
+        known = self.learned.topology.learn(result.worker, result.rack, addrport, files,
+                                            host=result.host or None)
+        self.summary.add_reads(reads, result.rack)
         if known is not None:
-            self._say(self.learned.network.reads(known.id, str(result.get("host", "")),
-                                                 reads, self.now, self.start))
+            self._say(self.learned.network.reads(known.id, result.host, reads, self.now,
+                                                 self.start))
         for r in reads:
             for server, _ in r.get("errors", ()):
                 if server != "origin":
                     self.learned.shard_health.mark_failed(server, self.now)
         return known.id if known is not None else "?"
 
-    def _overrun(self, entry: Inflight, result: dict[str, Any], where: str) -> None:
+    def _overrun(self, entry: Inflight, result: BundleResult, where: str) -> None:
         memory = self.learned.memory
-        peak = float(result.get("peak_mb") or 0.0)
-        cap = float(entry.cap_mb or result.get("cap_mb") or 0.0)
+        peak = result.peak_mb
+        cap = float(entry.cap_mb or result.cap_mb or 0.0)
         stats = self.summary.categories[entry.category]
         stats.overruns += 1
         stats.peak_mb = max(stats.peak_mb, peak)
         how = (f"were killed by SIGKILL under their {cap:.0f} MB cap (an out-of-memory killer)"
-               if result.get("oom") else f"went over their {cap:.0f} MB cap")
-        self.summary.failures.append(
-            f"tasks {_shown(entry.bundle.keys)} {how} on {where} (peak {peak:.0f} MB)")
+               if result.oom else f"went over their {cap:.0f} MB cap")
+        failure = f"tasks {_shown(entry.bundle.keys)} {how} on {where} (peak {peak:.0f} MB)"
+        self.summary.failures.append(failure)
         assert memory is not None
         decision = memory.after_overrun(entry.category, cap, peak)
         if isinstance(decision, GiveUp):
             self._fail(MemoryCapError(entry.bundle.keys, entry.category, peak, cap,
-                                      decision.reason))
+                                      decision.reason), entry.bundle, Reason.MEMORY, failure)
         for key in entry.bundle.keys:  # a requeued task may come back in another bundle
             self.cap_override[key] = decision.cap_mb
         stats.cap_mb = decision.cap_mb
         self.summary.retries += 1
+        self._move(entry.bundle, Phase.RETRIED, reason=Reason.MEMORY,
+                   detail=f"{how} on {where} (peak {peak:.0f} MB): next under "
+                          f"{decision.cap_mb:.0f} MB")
         self.planner.requeue(entry.bundle)
 
-    def _input_failed(self, entry: Inflight, result: dict[str, Any], where: str) -> None:
+    def _input_failed(self, entry: Inflight, result: BundleResult, where: str) -> None:
         """A shard failed under a running read: cool it down and run the bundle again (its
         reads then fail over to the next shard)."""
-        server = str(result.get("server"))
+        server = str(result.server)
         self.learned.shard_health.mark_failed(server, self.now)
-        error = f"{server}: {result.get('message', '?')}"
+        error = f"{server}: {result.message or '?'}"
         self.summary.reads.failovers += 1
         self.summary.reads.failover_errors.append(
             f"tasks {_shown(entry.bundle.keys)} on {where}: {error}")
-        self._retry(entry.bundle, f"input server failed during a read ({error})")
+        self._retry(entry.bundle, Reason.INPUT,
+                    f"input server failed during a read ({error}) on {where}",
+                    to=Phase.FAILED_OVER)
 
     def _recover(self, lost: list[Key]) -> None:
         """Values kept on a worker that left are gone: run their producers again (and what
@@ -607,9 +729,14 @@ class RunState:
             return
         undone = self.planner.undo(lost, self._available)
         lost_set = set(lost)
+        self.life.note(sorted(lost_set & undone, key=self.graph.priority.__getitem__),
+                       self.now, "its value, kept on a worker, was lost with it: run again")
+        self.life.note(sorted(undone - lost_set, key=self.graph.priority.__getitem__),
+                       self.now, "run again: its value is needed to make a lost one again")
         for call, entry in list(self.inflight.items()):
-            if lost_set & entry.plan.fetch.keys():
-                self._withdraw(call, _Again(retry=False))  # ready again once its inputs are
+            if lost_set & entry.plan.fetch.keys():  # ready again once its inputs are
+                self._withdraw(call, _Again(Reason.REQUEUED, "an input it fetches was lost "
+                                            "with the worker that kept it", retry=False))
         self.summary.recomputed += len(undone)
         self.summary.failures.append(
             f"{len(lost)} values kept on lost workers: {len(undone)} tasks run again "
@@ -618,43 +745,62 @@ class RunState:
     def _available(self, key: Key) -> bool:
         return key in self.values or key in self.kept.held
 
-    def _over_time(self, entry: Inflight, result: dict[str, Any], where: str) -> None:
+    def _over_time(self, entry: Inflight, result: BundleResult, where: str) -> None:
         """A task ran past its time limit and was stopped: once more elsewhere (a stalled
         read may not stall twice), then the run fails naming it."""
-        key = result.get("key")
+        key = result.key
         keys = [key] if key in entry.bundle.keys else entry.bundle.keys
         self.timed_out.update(keys)
-        limit = float(result.get("limit_s") or 0.0)
+        limit = float(result.limit_s or 0.0)
         self.summary.timeouts += 1
-        self.summary.failures.append(f"tasks {_shown(keys)} on {where}: {result.get('message')}")
+        failure = f"tasks {_shown(keys)} on {where}: {result.message}"
+        self.summary.failures.append(failure)
         worst = max(keys, key=self.timed_out.__getitem__)
         if self.timed_out[worst] > 1:
             self._fail(TaskTimeLimitError(worst, self.graph.category(worst), limit,
-                                          self.timed_out[worst], where))
+                                          self.timed_out[worst], where), entry.bundle,
+                       Reason.TIME_LIMIT, failure)
         self.summary.retries += 1
+        self._move(entry.bundle, Phase.RETRIED, reason=Reason.TIME_LIMIT,
+                   detail=f"{failure}; once more, anywhere")
         self.dispatch.anywhere.update(entry.bundle.keys)
         self.planner.requeue(entry.bundle)
 
-    def _retry(self, bundle: Bundle, reason: str, *, anywhere: bool = False) -> None:
+    def _retry(self, bundle: Bundle, why: Reason, reason: str, *, to: Phase = Phase.RETRIED,
+               anywhere: bool = False) -> None:
+        """Its tasks back to the planner, an attempt counted (``to``: the phase the bundle
+        ends in); the run fails once a task has had ``RunConfig.max_retries`` retries."""
         if anywhere:
             self.dispatch.anywhere.update(bundle.keys)
         self.attempts.update(bundle.keys)
         bundle.attempts = max(self.attempts[k] for k in bundle.keys)
         self.summary.failures.append(f"bundle {bundle.id} ({len(bundle.keys)} tasks): {reason}")
         if bundle.attempts > self.cfg.max_retries:
-            self._fail(BundleFailedError(bundle.keys, bundle.attempts, reason))
+            self._fail(BundleFailedError(bundle.keys, bundle.attempts, reason), bundle, why,
+                       reason)
         self.summary.retries += 1
+        self._move(bundle, to, reason=why,
+                   detail=f"{reason} (attempt {bundle.attempts} of {self.cfg.max_retries + 1})")
         self.planner.requeue(bundle)
 
 
-def _task_error(bundle: Bundle, result: dict[str, Any], where: str) -> BaseException:
+def _sent_to(target: Target, cap_mb: float | None, placement: Placement) -> str:
+    """Where a bundle went, in words: worker, rack or anywhere, its cap, why there."""
+    where = (f"to worker {target.worker}" if target.worker is not None else
+             f"to rack {target.rack}" if target.rack is not None else "to any worker")
+    cap = f", cap {cap_mb:.0f} MB" if cap_mb else ""
+    why = f" ({placement.reason})" if placement.reason else ""
+    return f"{where}{cap}{why}"
+
+
+def _task_error(bundle: Bundle, result: BundleResult, where: str) -> BaseException:
     """The error a failed task raised (unpickled, with a note naming the task and the remote
     traceback), or a :class:`RemoteTaskError` when it cannot be rebuilt here."""
-    key = result.get("key")
-    tb = result.get("traceback", "")
+    key = result.key
+    tb = result.traceback
     if key is None:  # the bundle's process died (a signal): name its tasks
         key = bundle.keys[0] if len(bundle.keys) == 1 else _shown(bundle.keys)
-    blob = result.get("exception")
+    blob = result.exception
     if blob is not None:
         try:
             exc = cloudpickle.loads(blob)
@@ -663,7 +809,7 @@ def _task_error(bundle: Bundle, result: dict[str, Any], where: str) -> BaseExcep
         if isinstance(exc, BaseException):
             exc.add_note(f"datavine: task {key!r} failed on {where}; remote traceback:\n{tb}")
             return exc
-    return RemoteTaskError(key, result.get("message", "?"), tb, where)
+    return RemoteTaskError(key, result.message or "?", tb, where)
 
 
 def _shown(keys: list[Key]) -> str:

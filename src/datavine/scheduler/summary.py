@@ -97,6 +97,8 @@ class RunSummary:
     notes: list[str] = field(default_factory=list)  # e.g. why placement could not act
     # network faults and what was done: worker, host, failed, done, at_s (scheduler/network.py)
     network: list[dict[str, Any]] = field(default_factory=list)
+    # every bundle's phases and steps (scheduler/lifecycle.py: Lifecycle.to_dict)
+    lifecycle: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tasks_per_s(self) -> float:
@@ -147,6 +149,7 @@ class RunSummary:
             "completions": [(t, str(k), w) for t, k, w in self.completions],
             "notes": list(self.notes),
             "network": [dict(n) for n in self.network],
+            "lifecycle": self.lifecycle,
         }
 
     def lines(self) -> list[str]:

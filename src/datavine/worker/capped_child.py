@@ -29,8 +29,8 @@ import gc
 import os
 import struct
 import time
-from collections.abc import Callable
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 import cloudpickle
 
@@ -70,8 +70,8 @@ class CappedChild:
         self.started = 0  # children forked so far
         self._requests = self._results = -1
 
-    def run(self, fn: Callable[..., Any], args: tuple[Any, ...] = (),
-            kwargs: dict[str, Any] | None = None, *, cap_mb: float | None,
+    def run(self, fn: Callable[..., object], args: tuple[object, ...] = (),
+            kwargs: Mapping[str, object] | None = None, *, cap_mb: float | None,
             time_limit_s: float | None = None) -> CappedResult:
         started = time.perf_counter()
         request = cloudpickle.dumps((fn, args, kwargs or {}))

@@ -16,7 +16,7 @@ call, child to parent) and the child's first steps defined here.
 
 Fork safety (only the forking thread survives in the child):
 * No other thread may hold a lock at the fork (it would stay locked in the child): run the
-  library with ``OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1`` (``runtime.LIBRARY_ENV``).
+  library with ``OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1`` (``library.LIBRARY_ENV``).
   Python resets its own locks (GIL, imports, logging) in the child.
 * The child computes and writes its pipe only, never the parent's connections (TaskVine's
   pipes to the worker, sockets opened in the library). It dies with the thread that forked
@@ -40,9 +40,9 @@ import struct
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Literal, NoReturn, TypeVar
 
 import cloudpickle
 
@@ -57,7 +57,9 @@ LEFT_BEHIND = 1  # flag: the call left processes running (a long-lived child is 
 _PIPE_BYTES = 1 << 20  # fewer wake-ups for large results; capped by /proc/sys/fs/pipe-max-size
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _GONE = os.WEXITED | os.WNOHANG | os.WNOWAIT  # has it exited? (it stays a zombie)
-_prctl: Any = None  # libc prctl, loaded in the parent so that the child does not pay for it
+T = TypeVar("T")
+# libc prctl, loaded in the parent so that the child does not pay for it (False: none there)
+_prctl: Callable[..., int] | Literal[False] | None = None
 
 
 class ChildFailedError(DatavineError):
@@ -72,7 +74,7 @@ class CappedResult:
     ``baseline_mb``: the library's RSS at the fork; ``signal``: what ended the child."""
 
     ok: bool
-    value: Any
+    value: object  # fn's return value (unpickled: the caller knows its type)
     error: BaseException | None
     traceback: str | None
     peak_mb: float
@@ -84,8 +86,8 @@ class CappedResult:
     timed_out: bool = False
 
 
-def run_capped(fn: Callable[..., Any], args: tuple[Any, ...] = (),
-               kwargs: dict[str, Any] | None = None, *, cap_mb: float | None,
+def run_capped(fn: Callable[..., object], args: tuple[object, ...] = (),
+               kwargs: Mapping[str, object] | None = None, *, cap_mb: float | None,
                poll_s: float = 0.02, scan_every_s: float = 0.25,
                time_limit_s: float | None = None) -> CappedResult:
     """Run ``fn(*args, **kwargs)`` in a forked child, killed once over ``cap_mb`` MB.
@@ -142,8 +144,8 @@ def capped_result(frame: bytearray, status: int, watch: Watch, peak_kb: float,
                         timed_out=watch.timed_out)
 
 
-def measure_peak(fn: Callable[..., Any], args: tuple[Any, ...] = (),
-                 kwargs: dict[str, Any] | None = None) -> tuple[Any, float]:
+def measure_peak(fn: Callable[..., T], args: tuple[object, ...] = (),
+                 kwargs: Mapping[str, object] | None = None) -> tuple[T, float]:
     """Run ``fn`` here (no fork): its value and this process's peak RSS (MB) during the call.
     The peak mark is reset first (``/proc/self/clear_refs``); where that is refused, the
     lifetime peak is returned, an upper bound. Exceptions of ``fn`` propagate."""
@@ -164,7 +166,8 @@ def prepare_fork() -> None:
     child would write the parent's buffered output a second time)."""
     global _prctl
     if _prctl is None:
-        _prctl = getattr(__import__("ctypes").CDLL(None), "prctl", False)
+        libc = __import__("ctypes").CDLL(None)
+        _prctl = libc.prctl if hasattr(libc, "prctl") else False
     flush_stdio()
 
 
@@ -256,7 +259,7 @@ def collect(r: int, watch: Watch, poll_s: float) -> bytearray:
                 return frame[:pos]  # it is gone and a forked descendant holds the pipe
 
 
-Outcome = tuple[bool, Any, BaseException | None, str | None]  # ok, value, error, traceback
+Outcome = tuple[bool, object, BaseException | None, str | None]  # ok, value, error, traceback
 
 
 def frame_complete(frame: bytearray) -> bool:
@@ -264,7 +267,7 @@ def frame_complete(frame: bytearray) -> bool:
     if len(frame) < FRAME.size:
         return False
     *_, tb_len, blob_len = FRAME.unpack_from(frame)
-    return len(frame) == FRAME.size + tb_len + blob_len
+    return len(frame) == FRAME.size + int(tb_len) + int(blob_len)
 
 
 def frame_header(frame: bytearray) -> tuple[int, int]:
@@ -361,7 +364,8 @@ def enter_child(parent: int) -> bool:
     return True
 
 
-def answer(w: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+def answer(w: int, fn: Callable[..., object], args: tuple[object, ...],
+           kwargs: Mapping[str, object],
            after: Callable[[], tuple[int, int]] | None = None) -> None:
     """Run the call and write its frame to ``w``; ``after()`` gives (flags, peak kB)."""
     try:
@@ -397,8 +401,8 @@ def reap_descendants() -> bool:
     return False
 
 
-def _child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], w: int,
-           parent: int) -> NoReturn:
+def _child(fn: Callable[..., object], args: tuple[object, ...], kwargs: Mapping[str, object],
+           w: int, parent: int) -> NoReturn:
     """Run the call and send one frame; never returns into the caller's code."""
     code = 70  # unless the frame is sent
     try:
@@ -409,13 +413,16 @@ def _child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
         os._exit(code)
 
 
-def _dumps(obj: Any) -> bytes:
+def _dumps(obj: object) -> bytes:
     """Pickle a result or an exception; what cannot be pickled becomes a ChildFailedError."""
+    blob: bytes
     try:
-        return cloudpickle.dumps(obj)
+        blob = cloudpickle.dumps(obj)
+        return blob
     except Exception as exc:
         if not isinstance(obj, BaseException):
             raise ChildFailedError(f"the call's result ({type(obj).__name__}) cannot be "
                                    f"pickled: {exc!r}") from exc
-        return cloudpickle.dumps(ChildFailedError(
+        blob = cloudpickle.dumps(ChildFailedError(
             f"{type(obj).__name__}: {obj} (this exception cannot be pickled)"))
+        return blob

@@ -26,12 +26,25 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
+from datavine.apps.jsondata import JSON
 from datavine.apps.scaletest.tasks import ChunkRecord, FileInfo, Tally
+
+if TYPE_CHECKING:
+    from datavine.scheduler.summary import RunSummary
 
 MAX_BINS = 120
 MIN_BIN_S = 0.25
+
+
+class FailedFile(TypedDict):
+    """A file the scale test could not open, or some of whose chunks failed."""
+
+    file: str
+    stage: str  # "open" or "process"
+    error: str
+    chunks_failed: int
 
 
 @dataclass
@@ -53,7 +66,7 @@ class ScaleReport:
     files: int
     files_processed: int
     files_failed: int
-    failed_files: list[dict[str, Any]]
+    failed_files: list[FailedFile]
     chunks: int
     chunks_failed: int
     events: int
@@ -73,11 +86,11 @@ class ScaleReport:
     timeline: Timeline
     histogram: dict[str, list[float]] = field(default_factory=dict)
     setup_s: dict[str, float] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    summary: dict[str, Any] | None = None
+    config: dict[str, JSON] = field(default_factory=dict)
+    summary: dict[str, JSON] | None = None
     dashboard_html: str | None = None  # the run's view, saved (datavine.dashboard.report)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JSON]:
         return asdict(self)
 
     def write_json(self, path: str | Path) -> Path:
@@ -111,7 +124,8 @@ class ScaleReport:
 
 
 def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: float,
-                 workers: int, cores: int, summary: Any = None, n_chunks: int | None = None,
+                 workers: int, cores: int, summary: RunSummary | None = None,
+                 n_chunks: int | None = None,
                  bin_s: float | None = None, passes: int = 1) -> ScaleReport:
     """The report of a run whose processing started at epoch time ``t0`` and took
     ``wall_s``; ``workers`` and ``cores`` are the pool's size during the run; ``passes``:
@@ -144,7 +158,7 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
 
 
 def build_timeline(records: Sequence[ChunkRecord], *, t0: float, wall_s: float,
-                   summary: Any = None, bin_s: float | None = None,
+                   summary: RunSummary | None = None, bin_s: float | None = None,
                    workers: int | None = None) -> Timeline:
     """Rates per time bin; each record's events and bytes spread evenly over its run time.
     Connected workers come from the runtime's samples, else ``workers`` throughout."""
@@ -183,7 +197,8 @@ def _spread(start: float, end: float, dt: float,
     return out
 
 
-def _connected_workers(summary: Any, t: list[float], dt: float) -> list[float] | None:
+def _connected_workers(summary: RunSummary | None, t: list[float],
+                       dt: float) -> list[float] | None:
     """Workers connected at each bin's middle, from the runtime's samples (seconds since
     the run started, workers, cores), or None when there are none."""
     samples = sorted(getattr(summary, "samples", None) or [])
@@ -199,19 +214,22 @@ def _connected_workers(summary: Any, t: list[float], dt: float) -> list[float] |
     return out
 
 
-def _failed_files(infos: Sequence[FileInfo], records: Sequence[ChunkRecord]) -> list[dict]:
-    out = [{"file": i.path, "stage": "open", "error": i.error, "chunks_failed": 0}
-           for i in infos if i.error is not None]
+def _failed_files(infos: Sequence[FileInfo],
+                  records: Sequence[ChunkRecord]) -> list[FailedFile]:
+    out: list[FailedFile] = [
+        {"file": i.path, "stage": "open", "error": i.error, "chunks_failed": 0}
+        for i in infos if i.error is not None]
     by_file: dict[str, list[ChunkRecord]] = defaultdict(list)
     for r in records:
         if r.error:
             by_file[r.path].append(r)
-    out.extend({"file": path, "stage": "process", "error": rs[0].error,
+    out.extend({"file": path, "stage": "process", "error": rs[0].error or "",
                 "chunks_failed": len(rs)} for path, rs in by_file.items())
     return out
 
 
-def _peak_per_worker(records: Sequence[ChunkRecord], summary: Any) -> dict[str, float]:
+def _peak_per_worker(records: Sequence[ChunkRecord],
+                     summary: RunSummary | None) -> dict[str, float]:
     """Peak memory per worker: the runtime's figures when it has them, else the records'."""
     from_runtime = getattr(summary, "worker_peak_mb", None)
     if from_runtime:
@@ -222,7 +240,7 @@ def _peak_per_worker(records: Sequence[ChunkRecord], summary: Any) -> dict[str, 
     return peaks
 
 
-def _summary_dict(summary: Any) -> dict[str, Any] | None:
+def _summary_dict(summary: RunSummary | None) -> dict[str, JSON] | None:
     """The run summary as JSON-ready data, without the per-task completions (the timeline
     says it better)."""
     if summary is None:
@@ -234,7 +252,7 @@ def _summary_dict(summary: Any) -> dict[str, Any] | None:
     return data
 
 
-def _jsonable(value: Any, depth: int = 0) -> Any:
+def _jsonable(value: object, depth: int = 0) -> JSON:
     if depth > 6:
         return str(value)
     if is_dataclass(value) and not isinstance(value, type):

@@ -23,13 +23,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from datavine.apps.scaletest.report import ScaleReport, build_report
 from datavine.apps.scaletest.tasks import FileInfo, Tally, file_info, merge_tallies, run_chunk
@@ -38,6 +37,14 @@ from datavine.deploy.local_workers import default_workers
 from datavine.errors import DatavineError
 from datavine.scheduler.graph import Key, add_merge_tree
 
+if TYPE_CHECKING:
+    from datavine.apps.command_cluster import ClusterRequest
+    from datavine.dashboard.launch import DashboardConfig
+    from datavine.io.shards import ShardMap
+    from datavine.manager.cluster import Cluster
+    from datavine.scheduler.summary import RunSummary
+
+Task = tuple[object, ...]  # a task of a classic dask graph: (function, *arguments)
 POOLS = ("local", "external", "condor")
 COMPRESSIONS = ("zstd", "lzma", "zlib", "lz4")
 
@@ -105,7 +112,7 @@ class ScaleTestConfig:
     connect_timeout_s: float = 120.0
     bin_s: float | None = None
     progress: bool = False
-    dashboard: Any = None
+    dashboard: bool | DashboardConfig | None = None
     dashboard_html: Path | None = None
     memory_caps: bool = True
     tree: str = "Events"
@@ -138,7 +145,7 @@ class ScaleTestConfig:
         return self.workers or default_workers()
 
 
-def run_scale_test(config: ScaleTestConfig, cluster: Any = None) -> ScaleReport:
+def run_scale_test(config: ScaleTestConfig, cluster: Cluster | None = None) -> ScaleReport:
     """Run the scale test; ``cluster`` (a started datavine cluster) replaces the pool."""
     setup: dict[str, float] = {}
     t = time.monotonic()
@@ -160,7 +167,7 @@ def run_scale_test(config: ScaleTestConfig, cluster: Any = None) -> ScaleReport:
         started = time.monotonic()
         tally = process_chunks(cluster, chunks, config) if chunks else Tally()
         wall_s = time.monotonic() - started
-        summary = getattr(cluster, "last_summary", None) if chunks else None
+        summary = cluster.last_summary if chunks else None
         workers, cores = pool_size(cluster, summary)
         view = save_view(cluster, config) if chunks else None
     report = build_report(infos, tally, wall_s=wall_s, t0=t0, workers=workers, cores=cores,
@@ -174,13 +181,13 @@ def run_scale_test(config: ScaleTestConfig, cluster: Any = None) -> ScaleReport:
     return report
 
 
-def save_view(cluster: Any, config: ScaleTestConfig) -> Path | None:
-    """The processing run's view as one HTML file at ``config.dashboard_html``."""
-    save = getattr(cluster, "save_report", None)
-    if config.dashboard_html is None or save is None:
+def save_view(cluster: Cluster, config: ScaleTestConfig) -> Path | None:
+    """The processing run's view as one HTML file at ``config.dashboard_html`` (None
+    without one, or when the cluster has no view)."""
+    if config.dashboard_html is None:
         return None
     try:
-        return save(config.dashboard_html, title="datavine scale test")
+        return cluster.save_report(config.dashboard_html, title="datavine scale test")
     except OSError as exc:
         raise ScaleTestError(f"cannot write the run's view {config.dashboard_html}: "
                              f"{exc.strerror or exc}") from exc
@@ -232,14 +239,14 @@ def fileset_files(path: Path) -> list[str]:
 
 
 def serve_files(stack: contextlib.ExitStack, config: ScaleTestConfig,
-                files: list[str]) -> tuple[Any, list[str]]:
+                files: list[str]) -> tuple[ShardMap | None, list[str]]:
     """Without XCache: (None, files). With it: a testbed serving the files' folder, and the
     files' ``root://`` URLs at its origin; with a facility, its shards and origin."""
     if config.facility is not None:
         return facility_files(config.facility, files)
     if not config.xcache_shards:
         return None, files
-    from datavine.apps.cli import readable_folder
+    from datavine.apps.testbed import serve_on_testbed
     from datavine.io.xcache.testbed import xcache_missing
 
     why = xcache_missing()
@@ -250,17 +257,13 @@ def serve_files(stack: contextlib.ExitStack, config: ScaleTestConfig,
         raise ScaleTestError("--xcache serves local files of one folder (the generated "
                              "dataset), not a fileset of URLs")
     from datavine.apps.analysis.sources import origin_url
-    from datavine.io.xcache.testbed import XCacheTestbed
 
-    user = "xrootd" if os.geteuid() == 0 else None
-    folder, served = stack.enter_context(readable_folder(local[0].parent, local, user))
-    racks = [("A", "B")[i % 2] for i in range(config.xcache_shards)]
-    testbed = stack.enter_context(XCacheTestbed(folder, n_shards=config.xcache_shards,
-                                                racks=racks, monitor=False))  # unread: no UDP
+    testbed, folder, served = serve_on_testbed(stack, local[0].parent, local,
+                                               config.xcache_shards)
     return testbed.shard_map(), [origin_url(p, folder, testbed.origin_url) for p in served]
 
 
-def facility_files(path: Path, files: list[str]) -> tuple[Any, list[str]]:
+def facility_files(path: Path, files: list[str]) -> tuple[ShardMap, list[str]]:
     """The facility's shard map, and the files' URLs at its origin."""
     from datavine.apps.analysis.sources import origin_url
     from datavine.deploy.facility import load_facility
@@ -282,43 +285,41 @@ def facility_files(path: Path, files: list[str]) -> tuple[Any, list[str]]:
 # pool
 
 
-def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap: Any) -> Any:
-    """A started cluster with its workers connected (:mod:`datavine.deploy.launch`); closed
-    by ``stack``."""
-    from datavine.config import ManagerConfig, RunConfig
-    from datavine.deploy import launch
+def cluster_request(config: ScaleTestConfig, shardmap: ShardMap | None) -> ClusterRequest:
+    """What the scale test asks of its cluster: a facility's, local workers, or a manager
+    for a pool started elsewhere (``external``) or for HTCondor's (``condor``, started after)."""
+    from datavine.apps.command_cluster import ClusterRequest
 
-    run_dir = launch.run_directory(stack, "datavine-scaletest-")
-    run = RunConfig(progress=config.progress, timeout_s=config.timeout_s, shardmap=shardmap,
-                    no_worker_timeout_s=max(60.0, config.connect_timeout_s))
-    facility = None
+    external = config.pool == "external"
     if config.facility is not None:
         from datavine.deploy.facility import load_facility
 
-        facility = load_facility(config.facility)
-        run = facility.run.replace(progress=config.progress, shardmap=shardmap,
-                                   timeout_s=config.timeout_s or facility.run.timeout_s)
-    if not config.memory_caps:
-        run = run.replace(memory=None)
-    if facility is not None:
-        cluster: Any = launch.choose_cluster(
-            run, facility.manager, facility=facility,
-            pool_workers=config.n_workers if config.pool == "external" else None,
-            connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard).cluster
-    elif config.pool == "local":
-        cluster = launch.local_cluster(
-            run, ManagerConfig(run_dir=run_dir), workers=config.n_workers, cores=config.cores,
-            memory_mb=config.memory_mb, connect_timeout_s=config.connect_timeout_s,
-            dashboard=config.dashboard)
-    else:  # workers from a pool started elsewhere, or HTCondor's started below
-        manager = ManagerConfig(port=config.port, run_dir=run_dir,
-                                listen_host=config.manager_host,  # where workers reach it
-                                password_file=(config.password_file
-                                               if config.pool == "external" else None))
-        cluster = launch.choose_cluster(
-            run, manager, pool_workers=config.n_workers if config.pool == "external" else 0,
-            connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard).cluster
-    launch.started(stack, cluster)
+        return ClusterRequest(
+            facility=load_facility(config.facility), shardmap=shardmap,
+            progress=config.progress, timeout_s=config.timeout_s,
+            memory_caps=config.memory_caps, pool_workers=config.n_workers if external else None,
+            connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard)
+    request = ClusterRequest(
+        shardmap=shardmap, progress=config.progress, timeout_s=config.timeout_s,
+        memory_caps=config.memory_caps, no_worker_timeout_s=max(60.0, config.connect_timeout_s),
+        connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard,
+        run_dir_prefix="datavine-scaletest-")
+    if config.pool == "local":
+        return replace(request, workers=config.n_workers, cores=config.cores,
+                       memory_mb=config.memory_mb)
+    # workers from a pool started elsewhere, or HTCondor's: they reach it at manager_host
+    return replace(request, port=config.port, listen_host=config.manager_host,
+                   password_file=config.password_file if external else None,
+                   pool_workers=config.n_workers if external else 0)
+
+
+def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig,
+                  shardmap: ShardMap | None) -> Cluster:
+    """A started cluster with its workers connected (:mod:`datavine.apps.command_cluster`);
+    closed by ``stack``."""
+    from datavine.apps.command_cluster import start_command_cluster
+
+    cluster = start_command_cluster(stack, cluster_request(config, shardmap)).cluster
     if config.dashboard is not False:
         from datavine.dashboard.launch import announce
 
@@ -329,7 +330,7 @@ def start_cluster(stack: contextlib.ExitStack, config: ScaleTestConfig, shardmap
 
 
 def start_condor_workers(stack: contextlib.ExitStack, config: ScaleTestConfig,
-                         cluster: Any) -> None:
+                         cluster: Cluster) -> None:
     """HTCondor workers for ``cluster`` through vine_factory, connected before returning."""
     from datavine.deploy.pools import CondorPool, FactoryConfig
     from datavine.deploy.pools.condor import pool_missing
@@ -343,26 +344,26 @@ def start_condor_workers(stack: contextlib.ExitStack, config: ScaleTestConfig,
                             password_file=cluster.password_file, idle_timeout_s=300)
     pool = CondorPool(factory, name=f"scaletest-{uuid.uuid4().hex[:6]}")
     stack.enter_context(pool)
+    assert cluster.runtime is not None  # started
     cluster.runtime.wait_for_workers(config.n_workers, config.connect_timeout_s)
 
 
-def pool_size(cluster: Any, summary: Any) -> tuple[int, int]:
+def pool_size(cluster: Cluster, summary: RunSummary | None) -> tuple[int, int]:
     """(workers, cores) of the pool during the run: the most the runtime sampled, else
     what is connected now."""
-    samples = getattr(summary, "samples", None) or []
-    if samples:
-        return max(s[1] for s in samples), max(s[2] for s in samples)
-    runtime = getattr(cluster, "runtime", None)
-    if runtime is not None:
-        return runtime.pool_size()
-    return int(getattr(summary, "workers", 0) or 0), int(getattr(summary, "workers", 0) or 0)
+    if summary is not None and summary.samples:
+        return max(s[1] for s in summary.samples), max(s[2] for s in summary.samples)
+    if cluster.runtime is not None:
+        return cluster.runtime.pool_size()
+    workers = summary.workers if summary is not None else 0
+    return workers, workers
 
 
 # ---------------------------------------------------------------------------------------
 # graphs
 
 
-def read_file_infos(cluster: Any, files: Sequence[str], tree: str) -> list[FileInfo]:
+def read_file_infos(cluster: Cluster, files: Sequence[str], tree: str) -> list[FileInfo]:
     """Each file's entry count, read on the workers (one task per file)."""
     token = uuid.uuid4().hex
     graph = {("scaletest-open", token, i): (file_info, f, tree) for i, f in enumerate(files)}
@@ -371,7 +372,7 @@ def read_file_infos(cluster: Any, files: Sequence[str], tree: str) -> list[FileI
 
 def make_chunks(infos: Sequence[FileInfo], chunk_events: int) -> list[tuple[str, int, int]]:
     """Equal chunks of about ``chunk_events`` entries per readable file."""
-    chunks = []
+    chunks: list[tuple[str, int, int]] = []
     for info in infos:
         if info.error is not None or info.entries == 0:
             continue
@@ -381,22 +382,27 @@ def make_chunks(infos: Sequence[FileInfo], chunk_events: int) -> list[tuple[str,
     return chunks
 
 
-def process_chunks(cluster: Any, chunks: Sequence[tuple[str, int, int]],
+def process_chunks(cluster: Cluster, chunks: Sequence[tuple[str, int, int]],
                    config: ScaleTestConfig) -> Tally:
     graph, final = analysis_graph(chunks, config.retries, config.merge_fanin)
-    dashboard = getattr(cluster, "dashboard", None)
-    if dashboard is not None:  # events/s in the live view
-        dashboard.expect_events({key: task[3] - task[2] for key, task in graph.items()
-                                 if key[0] == "agc-chunk"})
+    if cluster.dashboard is not None:  # events/s in the live view
+        cluster.dashboard.expect_events(chunk_events(graph))
     return cluster.get(graph, [final])[0]
 
 
+def chunk_events(graph: Mapping[Key, Task]) -> dict[Key, int]:
+    """The events of each chunk's task in an :func:`analysis_graph` (for the live view)."""
+    return {key: task[3] - task[2] for key, task in graph.items()
+            if isinstance(key, tuple) and key[0] == "agc-chunk"
+            and isinstance(task[2], int) and isinstance(task[3], int)}
+
+
 def analysis_graph(chunks: Sequence[tuple[str, int, int]], retries: int,
-                   fanin: int) -> tuple[dict[Key, Any], Key]:
+                   fanin: int) -> tuple[dict[Key, Task], Key]:
     """A task per chunk (the path a direct argument, so datavine sees what it reads) and a
     merge tree, ``fanin`` at a time; returns (graph, final key)."""
     token = uuid.uuid4().hex
-    graph: dict[Key, Any] = {}
+    graph: dict[Key, Task] = {}
     for i, (path, start, stop) in enumerate(chunks):
         graph[("agc-chunk", token, i)] = (run_chunk, path, start, stop, retries)
     final = add_merge_tree(graph, list(graph), fanin,

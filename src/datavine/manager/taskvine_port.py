@@ -1,0 +1,422 @@
+"""The TaskVine port: the only module that imports and calls ``ndcctools.taskvine``.
+
+:class:`TaskVinePort` owns one TaskVine manager (password, optional TLS, datavine's tunes)
+and turns what the rest of the manager asks into TaskVine calls: a bundle becomes a function
+call of the datavine library (:func:`datavine.worker.remote.run_bundle`, 'direct' mode) and
+comes back as a :class:`datavine.manager.port.Finished` (:class:`~datavine.manager.port.CallPort`,
+what a run drives); the library is installed, its instances stopped, warm-up calls and the
+environment's staging task sent (for :mod:`datavine.manager.library`); the worker list and
+counters are read (for :mod:`datavine.manager.worker_watch`). It decides nothing: when to
+install, restart or warm up, and which workers left, are the callers'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import cast
+
+import cloudpickle
+
+from datavine.config import ManagerConfig
+from datavine.errors import ManagerStartError, TaskvineMissingError
+from datavine.manager.environment import PackedEnv, declare_environment_files, use_environment
+from datavine.manager.listen import contact_host, listen_address, listening_on
+from datavine.manager.port import Finished
+from datavine.manager.taskvine_types import VineFile, VineManager, VineTask
+from datavine.scheduler.labels import worker_feature
+from datavine.worker import remote
+
+# TaskVine settings of every datavine manager (benchmarks/README.md, faults and workers):
+# - transient-error-interval: TaskVine takes a file it sent as stored before the worker
+#   stored it; a peer asked for it that early fails, and the task or library that needed
+#   it is held back this long (default 15 s): a restarted library's files race like this.
+# (max-retrievals -1, every waiting result in one wait cycle, was tried for the workers
+# benchmark: within its run-to-run noise, so left at TaskVine's default.)
+MANAGER_TUNES = {"transient-error-interval": 2}
+
+
+def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
+    """TaskVine settings that declare a silent worker lost within ``worker_timeout_s`` (pure).
+
+    A keep-alive check goes to a worker that sent nothing for a third of the bound, and it is
+    removed when the check stays unanswered for the rest; a read from a worker that has
+    started to answer (TaskVine's ``long-timeout``, 3600 s by default, during which the
+    manager serves no one else) gives up after a third of it."""
+    third = max(1, int(worker_timeout_s / 3))
+    return {"keepalive-interval": third,
+            "keepalive-timeout": max(1, int(worker_timeout_s) - third),
+            "long-timeout": max(2, third)}
+
+
+def exec_command(command: str) -> str:
+    """The library's command line with ``exec`` in front, so that the ``sh -c`` the worker
+    runs it with becomes the library itself (pure).
+
+    The worker kills a library with ``kill(-pid, SIGKILL)``, ``pid`` being the process it
+    started: without ``exec`` that is a shell, and when the shell lost the race to become
+    a group leader the signal reaches nothing while the worker blocks until the library
+    ends by itself (:func:`datavine.worker.remote.library_started` closes that race from
+    inside the library, which needs the library to be that process)."""
+    command = command.strip()
+    return command if command.startswith("exec ") else f"exec {command}"
+
+
+def check_port_free(port: int, address: str | None = None) -> None:
+    """Raise ManagerStartError naming ``port`` when a listener already holds it (on
+    ``address``; ``None``: any)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if address and ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address or "", port))
+        except OSError as exc:
+            raise ManagerStartError(
+                f"cannot start the manager on port {port}: {exc.strerror or exc} (another "
+                "manager or program holds it); choose another port (ManagerConfig.port, "
+                "--port), or 0 for any free one") from None
+
+
+@contextlib.contextmanager
+def files_from_manager(manager: VineManager) -> Iterator[None]:
+    """While TaskVine's ``create_library_from_functions`` declares the library's own files
+    (its code and pickled context, a few KB), declare them not shared between workers: the
+    manager sends them to each worker. Shared, a worker fetched them from a peer that had
+    them a millisecond earlier, and a worker that cannot reach that peer waited for TCP's
+    connect timeout (~130 s) with its library never started (RunConfig.library_from_peers)."""
+    declare = manager.declare_file
+
+    def unshared(path: str, cache: bool = False, peer_transfer: bool = True,
+                 unlink_when_done: bool = False) -> VineFile:
+        return declare(path, cache=cache, peer_transfer=False,
+                       unlink_when_done=unlink_when_done)
+
+    manager.declare_file = unshared
+    try:
+        yield
+    finally:
+        del manager.declare_file  # the class's method again
+
+
+def import_taskvine() -> ModuleType:
+    try:
+        import ndcctools.taskvine as vine
+    except ImportError as exc:
+        raise TaskvineMissingError(exc) from exc
+    return vine
+
+
+QUIET_DEBUG_FLAGS = (b"notice", b"error", b"fatal")  # kept when the debug log is off
+
+
+def quiet_debug_log() -> None:
+    """Keep only TaskVine's notices and errors in its debug log (``vine-logs/debug``).
+
+    Creating a manager turns cctools' debug log on with every flag: a line for every
+    message to and from every worker, formatted and written in the manager's loop. The
+    Python bindings do not wrap cctools' debug flags, but their own library exports them
+    (``cctools_debug_flags_clear``/``_set``, process-wide, the flags the manager set), so
+    they are called there. A build without the symbols keeps its full log."""
+    import ctypes
+
+    from ndcctools.taskvine import _cvine
+
+    try:
+        lib = ctypes.CDLL(_cvine.__file__)
+        clear, set_flag = lib.cctools_debug_flags_clear, lib.cctools_debug_flags_set
+    except (OSError, AttributeError):
+        return
+    clear()
+    for flag in QUIET_DEBUG_FLAGS:
+        set_flag(flag)
+
+
+@dataclass
+class TaskDone:
+    """A task of the manager's own (a warm-up call, the environment's staging task) that
+    finished: whether TaskVine says it succeeded, its output (a call's return value; loaded
+    only for the tasks the waiter asked for), its worker, and TaskVine's word on it."""
+
+    id: int
+    ok: bool
+    output: object
+    addrport: str | None
+    result: str = ""  # TaskVine's result string
+    exit_code: int | None = None
+
+
+class TaskVinePort:
+    """One TaskVine manager, driven for datavine (see the module docstring).
+
+    ``manager_config``: the port, password, TLS, listen address, run directory and the
+    worker timeout; TaskVine's logs go to ``info_dir``.
+    """
+
+    def __init__(self, manager_config: ManagerConfig) -> None:
+        self.vine = import_taskvine()
+        run_dir = Path(manager_config.run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.info_dir = run_dir / "vine-run-info" / f"run-{uuid.uuid4().hex[:8]}"
+        port = manager_config.port
+        # the local address it listens on (None: every interface); see manager/listen.py
+        self.listen_address = listen_address(manager_config)
+        check_port_free(port, self.listen_address)
+        try:
+            with listening_on(self.listen_address):
+                self._manager: VineManager | None = self.vine.Manager(
+                    port=port,
+                    ssl=manager_config.ssl,
+                    run_info_path=str(self.info_dir.parent),
+                    run_info_template=self.info_dir.name,
+                    staging_path=str(run_dir),
+                )
+        except Exception as exc:  # TaskVine raises a bare Exception
+            where = self.listen_address or "every interface"
+            raise ManagerStartError(f"cannot start the TaskVine manager on port {port} "
+                                    f"({where}): {exc}") from None
+        if not manager_config.debug_log:
+            quiet_debug_log()
+        if manager_config.password_file:
+            self.manager.set_password_file(str(manager_config.password_file))
+        self.manager.tune("watch-library-logfiles", 1)
+        for name, value in {**MANAGER_TUNES,
+                            **silence_tunes(manager_config.worker_timeout_s)}.items():
+            self.manager.tune(name, value)
+        self._calls: dict[int, VineTask] = {}  # bundles' calls in TaskVine, by task id
+        self.library: str | None = None  # the installed library's name: bundles call it
+
+    @property
+    def manager(self) -> VineManager:
+        """The underlying ``ndcctools.taskvine.Manager`` (also for pools and diagnostics)."""
+        if self._manager is None:
+            raise RuntimeError(f"the TaskVine manager of {self.info_dir} is closed")
+        return self._manager
+
+    @property
+    def port(self) -> int:
+        return int(self.manager.port)
+
+    @property
+    def contact_host(self) -> str:
+        """The address a process on this host reaches the manager by."""
+        return contact_host(self.listen_address)
+
+    def close(self) -> None:
+        """Shut the manager down now (not whenever the garbage collector gets to it)."""
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            manager._free()  # the only way to delete a TaskVine manager deterministically
+
+    # --- the pool --------------------------------------------------------------------------
+    def connected_workers(self) -> int:
+        return int(self.manager.stats.workers_connected)
+
+    def pool_size(self) -> tuple[int, int]:
+        """(workers, cores) connected, from one look at TaskVine's statistics: each look
+        walks every worker several times, so a loop turn takes one."""
+        stats = self.manager.stats
+        return int(stats.workers_connected), int(stats.total_cores)
+
+    def worker_counters(self) -> tuple[int, int]:
+        """(workers joined, workers removed) so far: free to read, unlike the list."""
+        stats = self.manager.stats
+        return int(stats.workers_joined), int(stats.workers_removed)
+
+    def worker_list(self) -> object:
+        """TaskVine's list of connected workers (~10 ms at 256 workers). Each entry has the
+        worker's ``hostname``, ``addrport`` and resources, and, with datavine's TaskVine
+        build, its ``features`` (its name and rack)."""
+        return self.manager.status("workers")
+
+    # --- what a run drives: bundles in, results out ------------------------------------------
+    def submit_bundle(self, payload: bytes, cap_mb: float | None, preload: tuple[str, ...],
+                      limit_s: float | None, features: Sequence[str] = (),
+                      fetch: Mapping[str, object] | None = None,
+                      store: Mapping[str, object] | None = None) -> int:
+        """Submit one bundle as a call of the installed library (one core); ``fetch`` /
+        ``store``: file name in the call's sandbox -> TaskVine file it reads / writes.
+        Returns its id."""
+        if self.library is None:
+            raise RuntimeError("no datavine library is installed: install_library() first")
+        call = self.vine.FunctionCall(self.library, "run_bundle", payload, cap_mb, preload,
+                                      limit_s)
+        call.set_cores(1)
+        for name, file in (fetch or {}).items():
+            call.add_input(file, name)
+        for name, file in (store or {}).items():
+            call.add_output(file, name)
+        for feature in features:
+            call.add_feature(feature)
+        task_id = int(self.manager.submit(call))
+        self._calls[task_id] = call
+        return task_id
+
+    def wait(self, timeout_s: int) -> Finished | None:
+        """The next bundle call that finished within ``timeout_s``, or None. Calls of an
+        earlier run (cancelled, abandoned) that come back are dropped here."""
+        task = self.manager.wait(timeout_s)
+        if task is None:
+            return None
+        call = self._calls.pop(task.id, None)
+        if call is None:
+            return None
+        output = call.output if task.successful() else None
+        if isinstance(output, dict):
+            return Finished(task.id, output, task.addrport)
+        host = getattr(task, "hostname", None) or "?"
+        why = (f"{type(output).__name__} on {host}: {task.result}"
+               if isinstance(output, Exception) else
+               f"TaskVine result {task.result!r} on {host} (exit {task.exit_code})")
+        return Finished(task.id, None, task.addrport, why)
+
+    def cancel(self, task_id: int) -> None:
+        """Withdraw a call that is not running (see :meth:`remove_library` for running)."""
+        self.manager.cancel_by_task_id(task_id)
+        self._calls.pop(task_id, None)
+
+    def call_state(self, task_id: int) -> str:
+        """TaskVine's state of a call: READY (waiting), RUNNING, ... ('' once it is gone)."""
+        call = self._calls.get(task_id)
+        return str(call.state) if call is not None else ""
+
+    def call_worker(self, task_id: int) -> str | None:
+        call = self._calls.get(task_id)
+        return call.addrport if call is not None else None
+
+    def declare_temp(self) -> object:
+        """A TaskVine temp file: made by a call, kept in its worker's cache."""
+        return self.manager.declare_temp()
+
+    def fetch(self, file: object) -> bytes | None:
+        """The bytes of a temp file (one :meth:`declare_temp` made), brought from the worker
+        holding it (blocking), or None when no worker has them."""
+        temp = cast(VineFile, file)
+        try:
+            self.manager.fetch_file(temp)  # loads them into the file object (returns a C string)
+        except UnicodeDecodeError:
+            pass  # loaded all the same: binary data does not decode as text
+        except Exception:
+            return None
+        try:
+            return bytes(temp.contents())
+        except Exception:
+            return None
+
+    def undeclare(self, file: object) -> None:
+        """Forget a file: workers delete their replicas."""
+        self.manager.undeclare_file(file)
+
+    def file_bytes(self) -> tuple[int, int]:
+        """File bytes the manager sent and received so far (call arguments and results
+        included: function calls travel as files)."""
+        stats = self.manager.stats
+        return int(stats.bytes_sent), int(stats.bytes_received)
+
+    def network_fallback(self, block: Sequence[str], unblock: Sequence[str],
+                         peers_off: bool) -> None:
+        """Block hosts (TaskVine sends their workers nothing more), unblock others, turn
+        peer transfers off (every file from the manager; temps declared from now on come
+        back to it)."""
+        for host in block:
+            self.manager.block_host(host)
+        for host in unblock:
+            self.manager.unblock_host(host)
+        if peers_off:
+            self.manager.disable_peer_transfers()
+            print(file=sys.stderr, flush=True)  # TaskVine's warning there ends no line
+
+    def dumps(self, spec: Mapping[str, object]) -> bytes:
+        """A bundle as bytes: the library unpickles it itself and reports what fails."""
+        return cloudpickle.dumps(spec)
+
+    # --- the library (for manager/library.py) ----------------------------------------------------
+    def install_library(self, name: str, *, env: Mapping[str, str], from_peers: bool,
+                        environment: object = None,
+                        hook: Callable[[object], None] | None = None) -> None:
+        """Install the datavine library as ``name``: one instance per core (one function slot
+        each) running :func:`datavine.worker.remote.run_bundle` in 'direct' mode, with the
+        variables ``env``, inside ``environment`` (an unpacked tree from
+        :meth:`declare_environment`) when given; ``hook`` sees the LibraryTask last.
+        ``from_peers``: whether workers may fetch the library's own files from each other
+        (:func:`files_from_manager`)."""
+        with contextlib.ExitStack() as files:
+            if not from_peers:
+                files.enter_context(files_from_manager(self.manager))
+            lib = self.manager.create_library_from_functions(
+                name, remote.run_bundle, add_env=False, exec_mode="direct",
+                library_context_info=[remote.library_started, [], {}])
+        lib.set_cores(1)
+        lib.set_function_slots(1)
+        for var, value in env.items():
+            lib.set_env_var(var, value)
+        if environment is not None:
+            use_environment(lib, environment)
+        if hook:
+            hook(lib)
+        lib.set_command(exec_command(lib.command))
+        self.manager.install_library(lib)
+        self.library = name
+
+    def remove_library(self, calls: tuple[int, ...] = ()) -> None:
+        """Stop every instance of the installed library, with the calls running in them
+        (``calls``: their task ids); the next bundle needs a library installed again.
+
+        TaskVine cannot cancel a running function call (the worker only releases its slot,
+        while the library goes on running it: the next call waited), and
+        ``Manager.remove_library`` skips instances whose slots are busy. Cancelling each
+        instance's task kills its process on its worker, and the capped child dies with it
+        (PR_SET_PDEATHSIG); the calls, cancelled after it, then hold nothing."""
+        name, self.library = self.library, None
+        if name is None:
+            return
+        with contextlib.suppress(Exception):  # a manager that cannot is being closed anyway
+            for task in self.manager.status("tasks") or ():
+                if isinstance(task, dict) and task.get("provides_library") == name:
+                    self.manager.cancel_by_task_id(int(task["task_id"]))
+            for task_id in calls:
+                self.cancel(task_id)
+            self.manager.remove_library(name)
+
+    def submit_warm_up(self, library: str, payload: bytes, preload: tuple[str, ...],
+                       worker: str) -> int:
+        """An empty bundle's call of ``library`` for the worker named ``worker`` (one core):
+        it starts the library there. Its answer comes from :meth:`wait_task`."""
+        call = self.vine.FunctionCall(library, "run_bundle", payload, None, preload)
+        call.set_cores(1)
+        call.add_feature(worker_feature(worker))
+        return int(self.manager.submit(call))
+
+    def declare_environment(self, packed: PackedEnv) -> tuple[object, object]:
+        """Declare a packed environment: (its tarball's file, the unpacked tree's)."""
+        return declare_environment_files(self.manager, packed)
+
+    def submit_staging(self, tarball: object) -> int:
+        """A one-core task that holds ``tarball`` (a worker fetches it); returns its id."""
+        task = self.vine.Task("test -s env.tarball")
+        task.add_input(tarball, "env.tarball")
+        task.set_cores(1)
+        return int(self.manager.submit(task))
+
+    def wait_task(self, timeout_s: int, mine: Collection[int] = ()) -> TaskDone | None:
+        """The next task that finished within ``timeout_s`` (any task: it also accepts
+        connecting workers), or None; the output is loaded for the ids in ``mine`` only."""
+        task = self.manager.wait(timeout_s)
+        if task is None:
+            return None
+        ok = bool(task.successful())
+        output = task.output if ok and task.id in mine else None
+        return TaskDone(task.id, ok, output, getattr(task, "addrport", None),
+                        task.result, task.exit_code)
+
+    def cancel_task(self, task_id: int) -> None:
+        """Cancel a task of the manager's own (a warm-up call); errors are ignored."""
+        with contextlib.suppress(Exception):
+            self.manager.cancel_by_task_id(task_id)

@@ -1,0 +1,263 @@
+"""The wire between the manager and the library on its workers, in one place: what a bundle
+call carries (:class:`BundleSpec`), what comes back (:class:`BundleResult`) and the names of
+what a worker reports (:class:`Status`; per-category timing, memory peak, reads).
+
+Both sides import this module and nothing else defines the wire. Records cross it encoded:
+``encode()`` makes a plain dict (``"protocol"``: :data:`PROTOCOL`, then one entry per field,
+an enum as its string), which the manager pickles with cloudpickle (a spec holds the task
+callables) and TaskVine carries back as the call's output; ``decode()`` checks it where it
+arrives: the protocol version, every field present and none unknown, and the type of each
+field (scalars and containers; what a container holds of the edges -- dask keys
+(:data:`Key`), user values and task nodes (``Any``) -- passes as it is, and so do the
+fields of a :class:`ReadRecordDict`). A mismatch is a
+:class:`ProtocolError` that names the field and the sender, e.g. ``result from worker w-3
+lacks field 'stored' (protocol 1)``: a worker running another datavine than the manager.
+
+The worker answers a spec it cannot read with a result of status :attr:`Status.PROTOCOL`
+(its message says why), so the manager's error names both sides.
+
+Standard library only (and :mod:`datavine.errors`): imported on workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import (
+    Any,
+    ClassVar,
+    TypedDict,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
+
+from datavine.errors import DatavineError
+
+PROTOCOL = 1  # bumped whenever a field of BundleSpec or BundleResult changes
+
+
+class ProtocolError(DatavineError):
+    """A record that crossed the wire is not one this side reads (another datavine there)."""
+
+
+class Status(enum.StrEnum):
+    """What became of a bundle on its worker (:attr:`BundleResult.status`)."""
+
+    OK = "ok"
+    ERROR = "error"  # a task raised (its exception and traceback come back), or the child died
+    MEMORY = "memory"  # over its memory cap, or killed by SIGKILL below it (``oom``)
+    LOAD = "load"  # the spec could not be unpickled here (a module missing, mostly)
+    INPUT = "input"  # an OSError while a file read through a shard was open: retry elsewhere
+    TIME = "time"  # a task ran past its time limit and was stopped
+    LOST = "lost"  # an input another bundle left on a worker did not arrive
+    PROTOCOL = "protocol"  # the spec was not one this worker's datavine reads
+
+
+Key = Hashable  # a dask key: passes the checks as it is (an edge, like the values)
+Timing = dict[str, tuple[int, float]]  # task category -> (tasks run, seconds)
+
+
+class ReadRecordDict(TypedDict):
+    """One input a bundle opened (:class:`datavine.io.reading.ReadRecord`, as a dict): where
+    from, how many bytes, after how many failovers (``errors``: (server, error) of each)."""
+
+    lfn: str
+    server: str  # shard name, "origin", "local" or "direct"
+    rack: str | None
+    bytes: int
+    failovers: int
+    errors: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    """One bundle as the worker runs it (the call's other arguments -- memory cap, modules
+    to preload, time limit -- are the library function's own)."""
+
+    nodes: list[tuple[Key, Any]] = field(default_factory=list)  # (key, task node), in order
+    inputs: dict[Key, Any] = field(default_factory=dict)  # values needed from outside, inline
+    input_files: dict[Key, str] = field(default_factory=dict)  # key -> file in the sandbox
+    outputs: list[Key] = field(default_factory=list)  # keys to send back, by priority
+    store: dict[Key, str] = field(default_factory=dict)  # output key -> file kept on the worker
+    inline_max: int = 0  # a stored output of at most this many bytes comes back inline too
+    categories: dict[Key, str] = field(default_factory=dict)  # key -> task category
+    # a datavine.io.shards.ShardMap for datavine.io.reading, or None (this module imports
+    # nothing of datavine's but its errors)
+    shardmap: object = None
+    limits: dict[Key, float] = field(default_factory=dict)  # key -> time limit (seconds)
+
+    what: ClassVar[str] = "bundle spec"
+
+    @property
+    def keys(self) -> list[Key]:
+        return [key for key, _ in self.nodes]
+
+    def encode(self) -> dict[str, object]:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: object, sender: str = "the manager") -> BundleSpec:
+        """The spec in ``data`` (as :meth:`encode` made it), checked; ProtocolError names
+        the field at fault and ``sender``."""
+        return _decode(cls, data, f"{cls.what} from {sender}")
+
+
+@dataclass(frozen=True)
+class BundleResult:
+    """What a worker reports of one bundle. Every status fills ``status`` and the stamp
+    (``worker``, ``rack``, ``host``, ``pid``, ``wall_s``, ``peak_mb``); the rest depends on
+    it: ``OK`` the outputs (inline ``values``, the sizes of those ``stored`` in temp files)
+    and ``timing``; ``ERROR`` the task at fault (``key``), its pickled ``exception``,
+    ``message`` and ``traceback``; ``MEMORY`` the cap and peak (``oom``: SIGKILLed below
+    the cap); ``INPUT`` the shard that failed (``server``); ``TIME`` the task and its
+    ``limit_s``; ``LOST`` the input that did not arrive (``key``)."""
+
+    status: Status
+    values: dict[Key, bytes] = field(default_factory=dict)  # outputs sent back, pickled
+    stored: dict[Key, int] = field(default_factory=dict)  # outputs left in temp files: bytes
+    timing: Timing = field(default_factory=dict)
+    reads: list[ReadRecordDict] = field(default_factory=list)
+    key: Key | None = None  # the task at fault (None: the bundle as a whole)
+    message: str = ""
+    traceback: str = ""
+    exception: bytes | None = None  # the task's exception, pickled (None: not picklable)
+    os_error: bool = False  # the exception was an input error (an OSError reading a file)
+    server: str | None = None  # INPUT: the shard that failed under the read
+    limit_s: float | None = None  # TIME: the limit the task ran past
+    peak_mb: float = 0.0  # the bundle's memory peak
+    cap_mb: float | None = None  # the cap it ran under (None: uncapped)
+    oom: bool = False  # MEMORY: killed by SIGKILL below its cap (an out-of-memory killer)
+    crashed: bool = False  # ERROR: the bundle's process died (a signal), no task raised
+    worker: str | None = None  # the worker's name (DATAVINE_WORKER_ID), if it has one
+    rack: str | None = None
+    host: str = ""
+    pid: int = 0  # the library's process
+    wall_s: float = 0.0  # the call's time in the library
+
+    what: ClassVar[str] = "result"
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    def encode(self) -> dict[str, object]:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: object, worker: str | None = None) -> BundleResult:
+        """The result in ``data`` (as :meth:`encode` made it), checked; ProtocolError names
+        the field at fault and the worker (the name it gives, else ``worker``: its address)."""
+        name = data.get("worker") if isinstance(data, Mapping) else None
+        sender = f"worker {name if isinstance(name, str) and name else worker or '?'}"
+        return _decode(cls, data, f"{cls.what} from {sender}")
+
+
+Record = TypeVar("Record", BundleSpec, BundleResult)
+
+
+def _encode(record: BundleSpec | BundleResult) -> dict[str, object]:
+    out: dict[str, object] = {"protocol": PROTOCOL}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        out[f.name] = str(value) if isinstance(value, enum.Enum) else value
+    return out
+
+
+def _decode(cls: type[Record], data: object, what: str) -> Record:
+    if not isinstance(data, Mapping):
+        raise ProtocolError(f"{what} is a {type(data).__name__}, not a record of protocol "
+                            f"{PROTOCOL}")
+    if "protocol" not in data:
+        raise ProtocolError(f"{what} names no protocol version (this side speaks protocol "
+                            f"{PROTOCOL}): install the same datavine on the workers and the "
+                            "manager")
+    version = data["protocol"]
+    if version != PROTOCOL:
+        raise ProtocolError(f"{what} speaks protocol {version!r}, this side protocol "
+                            f"{PROTOCOL}: install the same datavine on the workers and the "
+                            "manager")
+    hints = _hints(cls)
+    for name in data:
+        if name != "protocol" and name not in hints:
+            raise ProtocolError(f"{what} has unknown field {name!r} (protocol {PROTOCOL})")
+    values: dict[str, Any] = {}  # the fields' values, checked: cls(**values) takes them
+    for name, hint in hints.items():
+        if name not in data:
+            raise ProtocolError(f"{what} lacks field {name!r} (protocol {PROTOCOL})")
+        value = data[name]
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            try:
+                value = hint(value)
+            except ValueError:
+                known = ", ".join(str(m.value) for m in hint)
+                raise ProtocolError(f"{what}: field {name!r} is {value!r}, not one of {known} "
+                                    f"(protocol {PROTOCOL})") from None
+        elif not _fits(value, hint):
+            raise ProtocolError(f"{what}: field {name!r} is {_shown(value)}, not "
+                                f"{_type_name(hint)} (protocol {PROTOCOL})")
+        values[name] = value
+    return cls(**values)
+
+
+_HINTS: dict[type, dict[str, object]] = {}
+
+
+def _hints(cls: type) -> dict[str, object]:
+    """The record's fields and their types (resolved once)."""
+    if cls not in _HINTS:
+        resolved = get_type_hints(cls)
+        _HINTS[cls] = {f.name: resolved[f.name] for f in dataclasses.fields(cls)}
+    return _HINTS[cls]
+
+
+def _fits(value: object, hint: object) -> bool:
+    """Does ``value`` have type ``hint``? Containers are checked element by element, down
+    to ``Any`` and :data:`Key`; an int passes for a float, a bool for neither; a TypedDict is
+    a dict with str keys."""
+    if hint is Any or hint is Key:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if is_typeddict(hint):
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    if origin is None:
+        return isinstance(hint, type) and isinstance(value, hint)
+    if origin is dict:
+        key_type, value_type = args
+        return isinstance(value, dict) and all(
+            _fits(k, key_type) and _fits(v, value_type) for k, v in value.items())
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args,
+                                                                            strict=True))
+    return isinstance(origin, type) and isinstance(value, origin)
+
+
+def _type_name(hint: object) -> str:
+    if isinstance(hint, type) and not get_args(hint):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
