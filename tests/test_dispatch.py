@@ -3,14 +3,20 @@ anywhere; pure, with the clock passed in."""
 
 from __future__ import annotations
 
+import random
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
-from datavine.io.shards import ShardHealth, ShardMap
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler import graph as graphs
-from datavine.scheduler.bundling import CostModel, Planner
-from datavine.scheduler.dispatch import Dispatcher
-from datavine.scheduler.placement import PlacementPolicy, Tier
-from datavine.scheduler.topology import ANYWHERE, Topology
+from datavine.scheduler.bundling import Bundle, CostModel, Planner
+from datavine.scheduler.dispatch import LOOKAHEAD_FACTOR, Dispatcher
+from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
+from datavine.scheduler.topology import ANYWHERE, Target, Topology
 
 
 def reader(path: str) -> int:
@@ -82,3 +88,186 @@ def test_a_bundle_goes_to_the_worker_on_its_shards_host() -> None:
         host = shardmap.shard_for(bundle.files[0]).url.split("/")[2].split(":")[0]
         assert target.worker == f"w-{host.lower().rstrip('.')}", (bundle.files, target)
         assert placement.tier.name == "HOST"
+
+
+def test_a_bundle_waiting_for_a_reader_that_left_runs_at_once_in_its_rack() -> None:
+    """Held for the busy worker that read its file; that worker leaves: the bundle runs on
+    the rack's free worker at the next fill, not when its wait for the reader runs out."""
+    dsk: dict[Any, Any] = {("read", 0): (reader, "/store/f0.root")}
+    graph = graphs.build(dsk, list(dsk))
+    planner = Planner(graph, files=lambda key: ("/store/f0.root",), costs=CostModel(),
+                      target_s=1.0, max_tasks=1)
+    topology = Topology(bundles_per_core=1)
+    for name in ("a0", "a1"):
+        topology.announce(name, "A", 1)
+        topology.sent(Target(worker=name))  # both busy
+    topology.learn("a0", "A", None, ["/store/f0.root"])  # a0 read the file
+    dispatch = Dispatcher(planner, topology, PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0),
+                          ShardMap.from_urls(["root://a:1"], racks=["A"]), ShardHealth(), 1)
+    assert dispatch.fill(0.0, slots=4, inflight=2) == []  # held
+    topology.returned(Target(worker="a1"))
+    assert dispatch.fill(0.1, slots=4, inflight=1) == []  # a1 is free, but a0 read it: wait
+    topology.forget("a0")
+    ((_, target, placement),) = dispatch.fill(0.2, slots=4, inflight=1)
+    assert target == Target(worker="a1") and placement.tier == Tier.RACK
+
+
+# --- the indexed dispatcher decides as the exhaustive one did ---------------------------------
+class Exhaustive:
+    """The dispatcher before the indexes (the reference): every held bundle decided again
+    at every fill, oldest first, on every near worker (``Topology.near``)."""
+
+    def __init__(self, planner: Planner, topology: Topology, policy: PlacementPolicy,
+                 shardmap: ShardMap, health: ShardHealth, bundles_per_slot: int) -> None:
+        self.planner, self.topology, self.policy = planner, topology, policy
+        self.shardmap, self.health, self.bundles_per_slot = shardmap, health, bundles_per_slot
+        self.held: list[tuple[Bundle, float]] = []
+        self.last_near: dict[str, float] = {}
+        self.anywhere: set[Any] = set()
+
+    def fill(self, now: float, slots: int, inflight: int) -> list[tuple[Bundle, Target,
+                                                                     Placement]]:
+        slots = max(1, slots)
+        room = slots * self.bundles_per_slot - inflight
+        if room <= 0:
+            return []
+        lookahead = LOOKAHEAD_FACTOR * slots * self.bundles_per_slot
+        queue, self.held, out = deque(self.held), [], []
+        while room > 0:
+            if not queue:
+                want = min(room, lookahead - len(self.held))
+                fresh = self.planner.next_bundles(want) if want > 0 else []
+                if not fresh:
+                    break
+                queue.extend((b, now) for b in fresh)
+            bundle, since = queue.popleft()
+            placement, home = self.place(bundle, now, since)
+            if placement.action == "hold":
+                self.held.append((bundle, since))
+                continue
+            if home is not None and placement.tier > Tier.FAR:
+                self.last_near[home] = now
+            target = self.topology.target(placement)
+            self.topology.sent(target)
+            out.append((bundle, target, placement))
+            room -= 1
+        self.held.extend(queue)
+        return out
+
+    def place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
+        if not self.anywhere.isdisjoint(bundle.keys):
+            return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None
+        shards: dict[str, Shard | None] = {}
+        for f in dict.fromkeys(logical_name(f) for f in bundle.files):
+            try:
+                shards[f] = self.shardmap.choose(f, self.health, now)
+            except NoShardAvailableError:
+                shards[f] = None
+        task = TaskInputs(tuple(shards), {f: s.rack if s else None for f, s in shards.items()},
+                          {f: self.topology.shard_host(s) if s else None
+                           for f, s in shards.items()})
+        home = task.home_rack()
+        waited = now - max(since, self.last_near.get(home, since)) if home else now - since
+        return decide(task, self.topology.near(task), waited, self.policy), home
+
+
+@dataclass
+class Side:
+    """One dispatcher with its own planner, topology and shard health, and its calls out."""
+
+    dispatch: Any
+    planner: Planner
+    topology: Topology
+    health: ShardHealth
+    out: list[tuple[Bundle, Target]] = field(default_factory=list)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_indexed_dispatcher_decides_as_the_exhaustive_one(seed: int) -> None:
+    """Workers named or not, in racks or not, joining, leaving, finishing bundles; shards
+    failing; crashed bundles sent anywhere; the clock running past the waits: every fill
+    sends the same bundles to the same targets, and holds the same ones in the same order."""
+    rng = random.Random(seed)
+    files = [f"/store/f{i}.root" for i in range(24)]
+    reads = {("read", i): tuple(rng.sample(files, rng.choice([1, 1, 1, 2])))
+             for i in range(40)}
+    keys = list(reads)
+    graph = graphs.TaskGraph(dict.fromkeys(keys), {k: frozenset() for k in keys},  # type: ignore[arg-type]
+                             {k: set() for k in keys}, {k: i for i, k in enumerate(keys)},
+                             set(keys))
+    hosts = [f"h{i}.box" for i in range(6)]
+    shardmap = ShardMap([Shard(f"root://{rng.choice([*hosts, 'x.box'])}:1094",
+                               rng.choice(["A", "B", "C", None]), name=f"s{j}")
+                         for j in range(3)])
+    policy = PlacementPolicy(max_wait_s=3.0, cache_wait_s=1.0)
+    sides = []
+    for kind in (Dispatcher, Exhaustive):
+        planner = Planner(graph, files=reads.__getitem__, costs=CostModel(), target_s=1.0,
+                          max_tasks=1)
+        topology, health = Topology(bundles_per_core=1, here="mgr.box"), ShardHealth()
+        sides.append(Side(kind(planner, topology, policy, shardmap, health, 1), planner,
+                          topology, health))
+    workers: dict[str, tuple[bool, str | None, str, str]] = {}  # id -> named, rack, addr, host
+
+    def join() -> None:
+        i = len(workers)
+        named, rack = rng.random() < 0.7, rng.choice(["A", "B", "C", None])
+        rack = rack if named else rack or "A"  # one without a name needs a rack
+        addr, host, cores = f"10.0.0.{i}:9000", rng.choice(hosts), rng.choice([1, 1, 2])
+        wid = f"w{i}" if named else addr
+        workers[wid] = (named, rack, addr, host)
+        for side in sides:
+            if named:
+                side.topology.announce(wid, rack, cores, host=host)
+            else:
+                side.topology.learn(None, rack, addr, host=host)
+
+    for _ in range(rng.randint(2, 9)):
+        join()
+    now = 0.0
+    for _ in range(150):
+        event, a = rng.random(), sides[0]
+        if event < 0.4:
+            cores = sum(w.cores for w in a.topology.workers.values())
+            sent = [side.dispatch.fill(now, cores, len(side.out)) for side in sides]
+            assert [(b.id, t, p.tier, p.rack) for b, t, p in sent[0]] == [
+                (b.id, t, p.tier, p.rack) for b, t, p in sent[1]], (seed, now)
+            for side, out in zip(sides, sent, strict=True):
+                side.out.extend((b, t) for b, t, _ in out)
+            assert [b.id for b, _ in sides[0].dispatch.held] == [
+                b.id for b, _ in sides[1].dispatch.held]
+        elif event < 0.75 and a.out:  # a bundle finishes where it was sent
+            j = rng.randrange(len(a.out))
+            target = a.out[j][1]
+            ran = ([target.worker] if target.worker else
+                   sorted(w for w, spec in workers.items() if spec[1] == target.rack
+                          and w in a.topology.workers) if target.rack else
+                   sorted(a.topology.workers)) or [None]
+            wid = rng.choice(ran)
+            for side in sides:
+                bundle, _ = side.out.pop(j)
+                side.topology.returned(target)
+                side.planner.complete(bundle)
+                if wid is not None:
+                    named, rack, addr, host = workers[wid]
+                    side.topology.learn(wid if named else None, rack, addr,
+                                        [logical_name(f) for f in bundle.files], host=host)
+        elif event < 0.8 and a.out:  # its worker crashed under it: again, anywhere
+            j = rng.randrange(len(a.out))
+            for side in sides:
+                bundle, target = side.out.pop(j)
+                side.topology.returned(target)
+                side.planner.requeue(bundle)
+                side.dispatch.anywhere.update(bundle.keys)
+        elif event < 0.86:
+            join()
+        elif event < 0.9 and a.topology.workers:
+            gone = rng.choice(sorted(a.topology.workers))
+            for side in sides:
+                side.topology.forget(gone)
+        elif event < 0.93:
+            shard = rng.choice(shardmap.shards)
+            for side in sides:
+                side.health.mark_failed(shard, now)
+        now += rng.choice([0.0, 0.0, 0.2, 0.7, 1.5, 4.0])

@@ -9,9 +9,11 @@ from datavine.io.shards import ShardMap
 from datavine.scheduler.placement import (
     Placement,
     PlacementPolicy,
+    Score,
     TaskInputs,
     Tier,
     WorkerView,
+    _run,
     decide,
     rank_workers,
     score,
@@ -253,3 +255,56 @@ def test_after_the_cache_wait_no_rack_tier_to_wait_for_means_anywhere() -> None:
     assert decide(task, [busy_reader, idle], 0.5, policy).action == "hold"
     late = decide(task, [busy_reader, idle], 1.5, policy)
     assert late.action == "run" and late.tier == Tier.FAR
+
+
+# --- the decision as first written: the faster one must not differ --------------------------
+def reference_score(task: TaskInputs, w: WorkerView) -> Score:
+    cached = sum(1 for f in task.files if f in w.files_read
+                 and task.racks.get(f) in (None, w.rack))
+    on_host = sum(1 for f in task.files if w.host is not None and task.hosts.get(f) == w.host
+                  and (w.rack is None or task.racks.get(f) in (None, w.rack)))
+    in_rack = sum(1 for f in task.files if w.rack is not None and task.racks.get(f) == w.rack)
+    tier = (Tier.CACHED if cached else Tier.HOST if on_host else Tier.RACK if in_rack
+            else Tier.FAR)
+    return Score(tier, cached, on_host, in_rack)
+
+
+def reference_decide(task: TaskInputs, workers: list[WorkerView], waited_s: float,
+                     policy: PlacementPolicy) -> Placement:
+    if not task.files:
+        return Placement("run", Tier.FAR, reason="task reads no known input files")
+    if not workers:
+        return Placement("run", Tier.FAR, reason="no near worker connected")
+    scores = {w.id: reference_score(task, w) for w in workers}
+    best_connected = max(s.tier for s in scores.values())
+    free = sorted(sorted((w for w in workers if w.free_slots > 0), key=lambda w: w.id),
+                  key=lambda w: (scores[w.id], w.free_slots), reverse=True)
+    best_free = max((scores[w.id].tier for w in free), default=None)
+    cache_wait_s = min(policy.cache_wait_s, policy.max_wait_s)
+    if waited_s < cache_wait_s:
+        wanted = best_connected if best_connected == Tier.CACHED else min(best_connected,
+                                                                          Tier.RACK)
+    elif waited_s < policy.max_wait_s and any(s.rack_files or s.host_files
+                                               for s in scores.values()):
+        wanted = min(best_connected, Tier.RACK)
+    else:
+        wanted = Tier.FAR
+    if best_free is not None and best_free >= wanted:
+        return _run([w for w in free if scores[w.id].tier == best_free], best_free)
+    if wanted > Tier.FAR:
+        limit = cache_wait_s if wanted > Tier.RACK else policy.max_wait_s
+        return Placement("hold", wanted, retry_after_s=max(limit - waited_s, 0.0),
+                         reason=f"near workers ({wanted.name.lower()}) are busy; "
+                                f"waited {waited_s:.1f} s of {limit:.1f} s")
+    return Placement("run", Tier.FAR, reason="no near worker free: any worker")
+
+
+@settings(max_examples=500, deadline=None)
+@given(task=task_st, workers=workers_st, waited=st.floats(0, 10),
+       policy=st.builds(PlacementPolicy, max_wait_s=st.floats(0, 6), cache_wait_s=st.floats(0, 6)))
+def test_decide_and_score_are_as_first_written(task: TaskInputs, workers: list[WorkerView],
+                                               waited: float, policy: PlacementPolicy) -> None:
+    """Scoring in one loop and ranking in one sort decide exactly as the first version."""
+    assert all(score(task, w) == reference_score(task, w) for w in workers)
+    assert decide(task, workers, waited, policy) == reference_decide(task, workers, waited,
+                                                                     policy)

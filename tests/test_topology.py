@@ -11,7 +11,13 @@ from datavine.io.shards import Shard
 from datavine.scheduler.labels import labels_of, rack_of
 from datavine.scheduler.placement import Placement, TaskInputs, Tier, decide, score
 from datavine.scheduler.racks import RackMap
-from datavine.scheduler.topology import ANYWHERE, Target, Topology, counted_tier
+from datavine.scheduler.topology import (
+    ANYWHERE,
+    CANDIDATES_PER_GROUP,
+    Target,
+    Topology,
+    counted_tier,
+)
 
 
 def two_racks() -> Topology:
@@ -223,6 +229,83 @@ def test_deciding_on_the_near_workers_is_deciding_on_all(
     on_near, on_all = decide(task, near, waited), decide(task, every, waited)
     assert (on_near.action, on_near.tier, on_near.workers, on_near.rack) == (
         on_all.action, on_all.tier, on_all.workers, on_all.rack)
+
+
+# A crowd: more workers per rack and host than a decision is shown, named or not (those
+# without a name are targeted through their rack; those with neither are not candidates).
+crowd_st = st.lists(st.tuples(st.booleans(), st.sampled_from(["A", "B", None]),
+                              st.sampled_from(["h1", "h2", "h3"]), st.integers(1, 2),
+                              st.frozensets(st.sampled_from(FILES), max_size=2)),
+                    max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(workers=crowd_st, files=task_st,
+       sent=st.lists(st.tuples(st.integers(0, 19) | st.integers(0, 3), st.booleans()),
+                     max_size=40),
+       back=st.lists(st.integers(0, 39), max_size=8), waited=st.floats(0, 8))
+def test_deciding_on_the_candidates_is_deciding_on_every_near_worker(
+        workers: list[tuple[bool, str | None, str, int, frozenset[str]]],
+        files: list[tuple[str, str | None, str | None]], sent: list[tuple[int, bool]],
+        back: list[int], waited: float) -> None:
+    """The indexed choice (a few candidates per group of alike workers) is the exhaustive
+    one: same action, tier, rack, wait and reason, the same first workers (the rest a
+    subsequence of them), the same TaskVine target."""
+    topo = Topology(bundles_per_core=1, here="mgr.box")
+    ids = []
+    for i, (named, rack, host, cores, read) in enumerate(workers):
+        addr = f"10.0.0.{i}:9000"
+        features = ([f"worker:n{i}"] if named else []) + ([f"rack:{rack}"] if rack else [])
+        topo.see([entry(addr, host, cores, features)])
+        known = topo.learn(f"n{i}" if named else None, rack, addr, read)
+        assert known is not None
+        ids.append(known)
+    targets = [Target(worker=ids[i].id) if to_worker and ids[i].named else
+               Target(rack=ids[i].rack) for i, to_worker in sent if i < len(ids)]
+    for target in targets:
+        topo.sent(target)
+    for j in back:  # some came back
+        if j < len(targets):
+            topo.returned(targets[j])
+    task = TaskInputs(tuple(f for f, _, _ in files), {f: r for f, r, _ in files},
+                      {f: h for f, _, h in files})
+    near, candidates = topo.near(task), topo.candidates(task)
+    assert {v.id for v in candidates} <= {v.id for v in near}
+    full, fast = decide(task, near, waited), decide(task, candidates, waited)
+    assert (fast.action, fast.tier, fast.rack, fast.retry_after_s, fast.reason) == (
+        full.action, full.tier, full.rack, full.retry_after_s, full.reason)
+    first = min(len(full.workers), CANDIDATES_PER_GROUP)
+    assert fast.workers[:first] == full.workers[:first]
+    rest = iter(full.workers)
+    assert all(w in rest for w in fast.workers)  # a subsequence, best first
+    assert topo.target(fast) == topo.target(full)
+
+
+def test_the_best_named_worker_is_a_candidate_behind_unnamed_ones() -> None:
+    """A rack decision targets its best named worker; unnamed pool workers that rank
+    before it (their addresses sort first) do not hide it."""
+    topo = Topology(bundles_per_core=1, here="mgr.box")
+    for i in range(CANDIDATES_PER_GROUP + 2):
+        topo.learn(None, "A", f"10.0.0.{i}:9000", host=f"a{i}.box")
+    topo.announce("w-a", "A", 1, host="a9.box")
+    task = TaskInputs(("/f",), {"/f": "A"})
+    full, fast = decide(task, topo.near(task), 0.0), decide(task, topo.candidates(task), 0.0)
+    assert full.workers[-1] == "w-a" and len(fast.workers) < len(full.workers)
+    assert topo.target(fast) == topo.target(full) == Target(worker="w-a")
+
+
+def test_a_busy_group_still_says_its_tier_is_worth_waiting_for() -> None:
+    topo = Topology(bundles_per_core=1, here="mgr.box")
+    topo.announce("w-a", "A", 1)
+    topo.announce("w-b", "B", 1)
+    topo.sent(Target(worker="w-a"))
+    task = TaskInputs(("/f",), {"/f": "A"})
+    assert [v.id for v in topo.candidates(task)] == ["w-a"]  # busy, but there
+    assert decide(task, topo.candidates(task), 0.0).action == "hold"
+    assert not topo.has_room(("rack", "A")) and topo.has_room(("rack", "B"))
+    topo.returned(Target(worker="w-a"))
+    assert topo.has_room(("rack", "A"))
+    assert topo.gains_since(0) is not None and ("rack", "A") in (topo.gains_since(0) or [])
 
 
 def test_a_worker_that_left_is_named_once() -> None:

@@ -62,6 +62,8 @@ def logical_name(url: str) -> str:
     ``root://h:1094//store/x.root?svcClass=t`` -> ``/store/x.root``; a bare path is
     returned normalised the same way.
     """
+    if url.startswith("/") and "//" not in url and "?" not in url:
+        return url  # one already (as the scheduler asks again and again)
     path = urlsplit(url).path if "://" in url else url.split("?", 1)[0]
     path = re.sub("/+", "/", path)
     return path if path.startswith("/") else "/" + path
@@ -151,6 +153,10 @@ class ShardMap:
         # Equal weights keep the plain hash order (the map of a map without weights).
         self._key = (_weighted_key if len({s.weight for s in self.shards}) > 1
                      else _plain_key)
+        self._hashes: list[tuple[hashlib.blake2b, Shard]] | None = None  # see shard_for
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_hashes": None}  # hash states do not pickle
 
     @classmethod
     def from_urls(cls, urls: Sequence[str], racks: Sequence[str | None] | None = None,
@@ -171,6 +177,19 @@ class ShardMap:
     def shard_for(self, lfn_or_url: str) -> Shard:
         """The shard that owns the file when every shard is healthy."""
         lfn = logical_name(lfn_or_url)
+        if self._key is _plain_key:  # _plain_key's order, hashing only the file's name
+            if self._hashes is None:  # _weight's hash of each shard's name, to go on from
+                self._hashes = [(hashlib.blake2b(f"{s.name}\0".encode(), digest_size=8), s)
+                                for s in self.shards]
+            tail = lfn.encode()
+            best, best_key = self.shards[0], (b"", "")
+            for start, shard in self._hashes:
+                h = start.copy()
+                h.update(tail)
+                key = (h.digest(), shard.name)  # big-endian bytes order as _weight's ints
+                if key > best_key:
+                    best, best_key = shard, key
+            return best
         return max(self.shards, key=lambda s: self._key(s, lfn))
 
     def rack_for(self, lfn_or_url: str) -> str | None:

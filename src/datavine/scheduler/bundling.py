@@ -25,7 +25,7 @@ from datavine.scheduler.graph import TaskGraph
 Key = Hashable
 
 
-@dataclass
+@dataclass(slots=True)
 class Bundle:
     """Tasks sent together. ``keys`` is in execution order."""
 
@@ -100,7 +100,7 @@ class Planner:
 
     def next_bundles(self, n_bundles: int) -> list[Bundle]:
         """Up to ``n_bundles`` bundles from the ready tasks, highest priority first."""
-        bundles = []
+        bundles: list[Bundle] = []
         while len(bundles) < n_bundles:
             while self._drop_stale():
                 pass
@@ -130,12 +130,18 @@ class Planner:
                 break
         self._scheduled.update(members)
         members = self._closure(members)
+        graph = self.graph
+        if len(members) == 1:  # most bundles (a file's task): the same sets, made directly
+            key = members[0]
+            return Bundle(next(self._ids), members, set(graph.dependencies[key]),
+                          {key} if key in graph.outputs or graph.dependents[key] else set(),
+                          tuple(files))
         member_set = set(members)
-        members.sort(key=self.graph.priority.__getitem__)
-        inputs = {d for k in members for d in self.graph.dependencies[k] if d not in member_set}
+        members.sort(key=graph.priority.__getitem__)
+        inputs = {d for k in members for d in graph.dependencies[k] if d not in member_set}
         outputs = {
             k for k in members
-            if k in self.graph.outputs or any(d not in member_set for d in self.graph.dependents[k])
+            if k in graph.outputs or any(d not in member_set for d in graph.dependents[k])
         }
         return Bundle(next(self._ids), members, inputs, outputs, tuple(files))
 
@@ -156,6 +162,10 @@ class Planner:
             key = queue.pop()
             for dep in self.graph.dependents[key]:
                 if dep in inside or dep in self._scheduled or self._files(dep):
+                    continue
+                # its dependencies not done must all be inside: no need to look at them
+                # when there are more of them than tasks inside (a wide merge)
+                if self._missing[dep] > len(inside):
                     continue
                 if all(d in inside or d in self.done for d in self.graph.dependencies[dep]):
                     inside.add(dep)

@@ -4,11 +4,13 @@ Each time slots are free, :meth:`Dispatcher.fill` takes held bundles first, then
 from the planner (:mod:`datavine.scheduler.bundling`), and decides each one's placement
 (:func:`datavine.scheduler.placement.decide`) from where its files' shards are now (a failed
 shard's next in line, :mod:`datavine.io.shards`: its rack and its host) and the free slots,
-hosts and files read of the workers that can be near them
-(:meth:`datavine.scheduler.topology.Topology.near`). As in Spark's delay scheduling, a bundle
-that waits for a busy rack is held, counting its wait from the later of its arrival and the
-last time its rack got a near bundle; the look-ahead past held bundles is bounded, so other
-racks stay busy. A bundle whose last try crashed goes anywhere. The run loop
+hosts and files read of the few workers that can take it
+(:meth:`datavine.scheduler.topology.Topology.candidates`). As in Spark's delay scheduling, a
+bundle that waits for a busy rack is held, counting its wait from the later of its arrival
+and the last time its rack got a near bundle; the look-ahead past held bundles is bounded,
+so other racks stay busy. Held bundles are looked at again oldest first, and only those
+whose decision may have changed (:mod:`datavine.scheduler.held`): the others would be held
+again. A bundle whose last try crashed goes anywhere. The run loop
 (:mod:`datavine.manager.execution`) and the facility model (:mod:`datavine.apps.sim`) both
 dispatch through this class.
 """
@@ -20,15 +22,21 @@ from collections.abc import Hashable
 
 from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler.bundling import Bundle, Planner
+from datavine.scheduler.held import Held, HeldBundles
 from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
 from datavine.scheduler.topology import Target, Topology
 
 Key = Hashable
 LOOKAHEAD_FACTOR = 4  # bundles considered per free slot when the first ones must wait
+EARLY_S = 1e-6  # a held bundle is due this much before its wait runs out (float rounding)
 
 
 class Dispatcher:
-    """Held bundles, racks' last near dispatch, and tasks to place anywhere, for one run."""
+    """Held bundles, racks' last near dispatch, and tasks to place anywhere, for one run.
+
+    ``held`` iterates as ``(bundle, since)``, oldest first; ``newly_held`` are the bundles
+    the last fill held for the first time.
+    """
 
     def __init__(self, planner: Planner, topology: Topology, policy: PlacementPolicy | None,
                  shardmap: ShardMap | None, health: ShardHealth, bundles_per_slot: int) -> None:
@@ -38,63 +46,125 @@ class Dispatcher:
         self.shardmap = shardmap
         self.health = health
         self.bundles_per_slot = bundles_per_slot
-        self.held: list[tuple[Bundle, float]] = []
+        self.held = HeldBundles()
+        self.newly_held: list[Bundle] = []
         self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
         self.anywhere: set[Key] = set()  # tasks whose last try crashed: placed anywhere next
         self.decisions = 0
+        self._gains_read = topology.gains_end
+        self._state: tuple[object, ...] = ()  # what every decision depends on (_catch_up)
 
     def fill(self, now: float, slots: int, inflight: int) -> list[tuple[Bundle, Target,
                                                                      Placement]]:
         """Bundles to send now to fill ``slots`` x ``bundles_per_slot`` with ``inflight``
         already out: (bundle, target, placement) each; the targets are counted as sent."""
+        self._catch_up(now)
+        self.newly_held = []
         slots = max(1, slots)
         room = slots * self.bundles_per_slot - inflight
         if room <= 0:
             return []
         lookahead = LOOKAHEAD_FACTOR * slots * self.bundles_per_slot
-        queue = deque(self.held)
-        self.held = []
+        fresh: deque[Bundle] = deque()
         out = []
         while room > 0:
-            if not queue:
-                want = min(room, lookahead - len(self.held))
-                fresh = self.planner.next_bundles(want) if want > 0 else []
+            held = self.held.next(self.topology.has_room)
+            if held is not None:
+                bundle, since = held.bundle, held.since
+            else:
                 if not fresh:
-                    break
-                queue.extend((b, now) for b in fresh)
-            bundle, since = queue.popleft()
-            placement, home = self.place(bundle, now, since)
+                    want = min(room, lookahead - len(self.held))
+                    fresh.extend(self.planner.next_bundles(want) if want > 0 else ())
+                    if not fresh:
+                        break
+                bundle, since = fresh.popleft(), now
+            placement, home, task = self._place(bundle, now, since, held)
             self.decisions += 1
             if placement.action == "hold":
-                self.held.append((bundle, since))
+                assert task is not None  # only a decision on its inputs holds
+                if held is None:
+                    held = self.held.hold(bundle, since)
+                    held.task, held.home, held.built = task, home, self._state[:2]
+                    self.newly_held.append(bundle)
+                self.held.decided(held, self.topology.wake_keys(task, placement.tier),
+                                  now + placement.retry_after_s - EARLY_S,
+                                  self._wait_start(since, home))
                 continue
+            if held is not None:
+                self.held.remove(held)
             if home is not None and placement.tier > Tier.FAR:
                 self.last_near[home] = now
             target = self.topology.target(placement)
             self.topology.sent(target)
             out.append((bundle, target, placement))
             room -= 1
-        self.held.extend(queue)
+        for bundle in fresh:  # taken from the planner, not decided: next time
+            self.held.due(self.held.hold(bundle, now))
+            self.newly_held.append(bundle)
         return out
+
+    def _catch_up(self, now: float) -> None:
+        """Tell the held bundles what changed since the last fill: room gained (wakes the
+        bundles watching there), waits run out, or a change every decision depends on (a
+        worker left or changed, a shard failed or came back, a crash sent tasks anywhere,
+        slots per core): then all are due."""
+        topology = self.topology
+        gains = topology.gains_since(self._gains_read)
+        self._gains_read = topology.gains_end
+        failed = tuple(self.health.failed(now)) if self.shardmap is not None else ()
+        state = (topology.epoch, failed, topology.bundles_per_core, len(self.anywhere))
+        if gains is None or state != self._state:
+            self._state = state
+            self.held.all_due()
+        elif gains:
+            self.held.wake(gains)
+        self.held.expire(now, lambda held: self._wait_start(held.since, held.home))
 
     def place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
         """Where ``bundle`` goes, and the rack holding its files."""
+        placement, home, _ = self._place(bundle, now, since, None)
+        return placement, home
+
+    def _place(self, bundle: Bundle, now: float, since: float, held: Held | None
+               ) -> tuple[Placement, str | None, TaskInputs | None]:
         if not bundle.files or self.policy is None:
-            return Placement("run", Tier.FAR, reason="no input files, or placement is off"), None
+            return (Placement("run", Tier.FAR, reason="no input files, or placement is off"),
+                    None, None)
         if not self.anywhere.isdisjoint(bundle.keys):
-            return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None
+            return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None, None
+        task, home = self._inputs(bundle, now, held)
+        waited = now - self._wait_start(since, home)
+        placement = decide(task, self.topology.candidates(task), waited, self.policy)
+        return placement, home, task
+
+    def _wait_start(self, since: float, home: str | None) -> float:
+        """A bundle waits from the later of its arrival and its rack's last near bundle."""
+        return max(since, self.last_near.get(home, since)) if home else since
+
+    def _inputs(self, bundle: Bundle, now: float,
+                held: Held | None) -> tuple[TaskInputs, str | None]:
+        """The bundle's files, where their shards are now, and its home rack; a held
+        bundle keeps them while the shards' health and the workers' hosts stay as they
+        were (:meth:`_catch_up`)."""
+        built = self._state[:2]
+        if held is not None and held.task is not None and held.built == built:
+            return held.task, held.home
         lfns = tuple(dict.fromkeys(logical_name(f) for f in bundle.files))
         shards = {f: self.shard_now(f, now) for f in lfns} if self.shardmap else {}
         task = TaskInputs(lfns, {f: s.rack if s else None for f, s in shards.items()},
                           {f: self.topology.shard_host(s) if s else None
                            for f, s in shards.items()})
         home = task.home_rack()
-        waited = now - max(since, self.last_near.get(home, since)) if home else now - since
-        return decide(task, self.topology.near(task), waited, self.policy), home
+        if held is not None:
+            held.task, held.home, held.built = task, home, built
+        return task, home
 
     def shard_now(self, lfn: str, now: float) -> Shard | None:
         """The shard that will serve ``lfn`` now (a failed shard's next in line)."""
         assert self.shardmap is not None
+        own = self.shardmap.shard_for(lfn)
+        if self.health.is_healthy(own, now):
+            return own  # first in line: no need to rank the others
         try:
             return self.shardmap.choose(lfn, self.health, now)
         except NoShardAvailableError:

@@ -143,10 +143,12 @@ class MemoryState:
     def dominant_category(self, categories: Iterable[str]) -> str:
         """The category with the largest cap: a bundle of tasks runs under its cap, and
         the bundle's peak and overruns are recorded against it."""
-        names = sorted(set(categories))
+        names = set(categories)
+        if len(names) == 1:  # most bundles: one category
+            return names.pop()
         if not names:
             raise ValueError("dominant_category needs at least one category")
-        return max(names, key=self.cap_for)
+        return max(sorted(names), key=self.cap_for)
 
     def record_peak(self, category: str, peak_mb: float) -> None:
         """Learn from a task of ``category`` that finished with this peak."""

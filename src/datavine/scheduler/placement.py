@@ -16,17 +16,20 @@ through its host or its cache: reads go through the file's shard. :func:`decide`
 scheduling: it holds a task for a short while when the near workers are busy, but never
 longer than ``policy.max_wait_s``, and never when no near worker is connected at all
 (waiting for a worker that does not exist only adds latency). It scores only the workers it
-is given: the topology hands it those that can be near (readers of the files, workers on the
-shards' hosts and in their racks, :meth:`datavine.scheduler.topology.Topology.near`), not
-every worker. The runtime turns a :class:`Placement` into TaskVine calls (worker ids, a rack
-feature); this module does not know about TaskVine.
+is given: the topology hands it a few that decide as all would (readers of the files, and the
+best free workers of each kind on the shards' hosts and in their racks,
+:meth:`datavine.scheduler.topology.Topology.candidates`), not every worker. The runtime
+turns a :class:`Placement` into TaskVine calls (worker ids, a rack feature); this module does
+not know about TaskVine.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Literal
@@ -44,18 +47,20 @@ class Tier(IntEnum):
     CACHED = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerView:
     """What placement knows about one connected worker."""
 
     id: str
     rack: str | None = None
     free_slots: int = 1
-    files_read: frozenset[str] = frozenset()
+    # the files it read: the topology hands its own set, not a copy (a worker reads more
+    # files with every result): read it, do not keep or hash it
+    files_read: AbstractSet[str] = field(default=frozenset(), hash=False)
     host: str | None = None  # normalised (datavine.scheduler.racks.normal_host)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskInputs:
     """A task's input files (logical names), and the rack and the host (normalised) of the
     shard holding each."""
@@ -78,13 +83,15 @@ class TaskInputs:
 
     def home_rack(self) -> str | None:
         """The rack holding most of the task's files (ties broken by name)."""
+        if len(self.files) == 1:  # most tasks read one file
+            return self.racks.get(self.files[0])
         counts = self.rack_counts()
         if not counts:
             return None
         return min(counts, key=lambda r: (-counts[r], r))
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Score:
     """Preference of one worker for one task; compares best-first with ``max``."""
 
@@ -112,12 +119,13 @@ class PlacementPolicy:
             raise ValueError("waits must be >= 0")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Placement:
     """The decision for one task.
 
-    ``action == "run"``: dispatch now, restricted to ``workers`` (best first; empty means
-    any worker) and, if set, to workers with the rack feature ``rack``.
+    ``action == "run"``: dispatch now, restricted to ``workers`` (the free workers of its
+    tier among those :func:`decide` was shown, best first; empty means any worker) and, if
+    set, to workers with the rack feature ``rack``.
     ``action == "hold"``: keep the task queued; ask again after ``retry_after_s``.
     """
 
@@ -133,6 +141,9 @@ class Placement:
         return self.action == "run" and not self.workers and self.rack is None
 
 
+DEFAULT_POLICY = PlacementPolicy()
+
+
 def shard_host(url: str, here: str = "localhost") -> str | None:
     """The normalised host of a shard at ``url`` (``here``: what loopback stands for)."""
     host = url_host(url)
@@ -141,20 +152,20 @@ def shard_host(url: str, here: str = "localhost") -> str | None:
 
 def score(task: TaskInputs, worker: WorkerView) -> Score:
     """How near ``worker`` is to ``task``'s data."""
-    rack, host = worker.rack, worker.host
-    # Reads go through the file's shard: a worker outside that shard's rack that read the
-    # file before is still far from it.
-    cached = 0
-    if worker.files_read:
-        cached = sum(1 for f in task.files if f in worker.files_read
-                     and task.racks.get(f) in (None, rack))
-    on_host = 0
-    if host is not None and task.hosts:
-        on_host = sum(1 for f in task.files if task.hosts.get(f) == host
-                      and (rack is None or task.racks.get(f) in (None, rack)))
-    in_rack = 0
-    if rack is not None:
-        in_rack = sum(1 for f in task.files if task.racks.get(f) == rack)
+    rack, host, read = worker.rack, worker.host, worker.files_read
+    racks, hosts = task.racks, task.hosts
+    cached = on_host = in_rack = 0
+    for f in task.files:
+        shard_rack = racks.get(f)
+        # Reads go through the file's shard: a worker outside that shard's rack that read
+        # the file before is still far from it (and one on its host too, racks simulated).
+        through = shard_rack is None or shard_rack == rack
+        if rack is not None and shard_rack == rack:
+            in_rack += 1
+        if through and read and f in read:
+            cached += 1
+        if host is not None and (rack is None or through) and hosts.get(f) == host:
+            on_host += 1
     tier = (Tier.CACHED if cached else Tier.HOST if on_host else Tier.RACK if in_rack
             else Tier.FAR)
     return _score(tier, cached, on_host, in_rack)
@@ -166,6 +177,9 @@ def _score(tier: Tier, cached: int, on_host: int, in_rack: int) -> Score:
     return Score(tier, cached, on_host, in_rack)
 
 
+_first = operator.itemgetter(0)
+
+
 def rank_workers(task: TaskInputs, workers: Iterable[WorkerView]) -> list[WorkerView]:
     """Workers best first: by score, then by free slots, then by id (deterministic)."""
     by_id = sorted(workers, key=lambda w: w.id)  # the sort below is stable, also reversed
@@ -175,19 +189,25 @@ def rank_workers(task: TaskInputs, workers: Iterable[WorkerView]) -> list[Worker
 def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
            policy: PlacementPolicy | None = None) -> Placement:
     """Where ``task`` should run now, or whether to hold it (delay scheduling)."""
-    policy = policy or PlacementPolicy()
+    policy = policy or DEFAULT_POLICY
     if not task.files:
         return Placement("run", Tier.FAR, reason="task reads no known input files")
     if not workers:
         return Placement("run", Tier.FAR, reason="no near worker connected")
 
-    scores = {w.id: score(task, w) for w in workers}
-    best_connected = max(s.tier for s in scores.values())
-    # rank_workers' order restricted to free workers, each scored once: at facility size
-    # (hundreds of workers, most of them busy) this is most of a decision's cost.
-    free = sorted(sorted((w for w in workers if w.free_slots > 0), key=lambda w: w.id),
-                  key=lambda w: (scores[w.id], w.free_slots), reverse=True)
-    best_free = max((scores[w.id].tier for w in free), default=None)
+    # One pass: the best tier connected, whether any worker sits near the files, and the
+    # free workers in rank_workers' order (score, free slots, both descending, then id).
+    best_connected, near_files = Tier.FAR, False
+    free: list[tuple[tuple[int, int, int, int, int, str], Tier, WorkerView]] = []
+    for w in workers:
+        s = score(task, w)
+        best_connected = max(best_connected, s.tier)
+        near_files = near_files or bool(s.rack_files or s.host_files)
+        if w.free_slots > 0:
+            free.append(((-s.tier, -s.cached_files, -s.host_files, -s.rack_files,
+                          -w.free_slots, w.id), s.tier, w))
+    free.sort(key=_first)
+    best_free = free[0][1] if free else None
 
     # The tier we still insist on, given how long the task has waited.
     cache_wait_s = min(policy.cache_wait_s, policy.max_wait_s)
@@ -197,14 +217,13 @@ def decide(task: TaskInputs, workers: Sequence[WorkerView], waited_s: float,
         # would funnel a rack's work onto the one host that runs its shard.
         wanted = best_connected if best_connected == Tier.CACHED else min(best_connected,
                                                                           Tier.RACK)
-    elif waited_s < policy.max_wait_s and any(s.rack_files or s.host_files
-                                               for s in scores.values()):
+    elif waited_s < policy.max_wait_s and near_files:
         wanted = min(best_connected, Tier.RACK)  # the rack, or better
     else:  # waited long enough, or no worker sits near its files: none to wait for
         wanted = Tier.FAR
 
     if best_free is not None and best_free >= wanted:
-        return _run([w for w in free if scores[w.id].tier == best_free], best_free)
+        return _run([w for _, tier, w in free if tier == best_free], best_free)
     if wanted > Tier.FAR:
         limit = cache_wait_s if wanted > Tier.RACK else policy.max_wait_s
         return Placement("hold", wanted, retry_after_s=max(limit - waited_s, 0.0),

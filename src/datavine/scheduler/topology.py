@@ -13,10 +13,20 @@ Workers are learned three ways, whatever started them:
   neither of the above said it.
 
 The registry counts the bundles sent to each worker or rack, so that
-:func:`datavine.scheduler.placement.decide` sees free slots, remembers which files each worker
-has read (its page cache holds them), and indexes workers by rack, host and file read, so that
-a decision scores only the workers that can be near a bundle's files (:meth:`Topology.near`),
-not every worker.
+:func:`datavine.scheduler.placement.decide` sees free slots, and remembers which files each
+worker has read (its page cache holds them). Its indexes are kept as workers come, go and
+take bundles, so that a decision costs the same with ten workers or a hundred thousand:
+
+- by file: the workers that read it;
+- by rack and by host: the workers there, in groups of alike workers (same cores, named or
+  not) each ordered by bundles in flight (:class:`~datavine.scheduler.least_busy.LeastBusy`),
+  so that a decision is shown the few best free workers of each group of the files' racks
+  and hosts, and the readers (:meth:`Topology.candidates`), and decides as it would on every
+  near worker (:meth:`Topology.near`);
+- where room was gained (a slot returned, a worker joined, a file read:
+  :meth:`Topology.gains_since`) and whether any decision may have changed otherwise
+  (``epoch``: a worker left or changed), so that the dispatcher looks again only at the held
+  bundles that may run now (:mod:`datavine.scheduler.held`).
 
 A worker with a name can be targeted exactly (feature ``worker:<id>``); a pool worker
 without one only through its rack (feature ``rack:<rack>``).
@@ -27,15 +37,25 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from datavine.io.shards import Shard
 from datavine.scheduler.labels import labels_of, rack_feature, worker_feature
+from datavine.scheduler.least_busy import LeastBusy
 from datavine.scheduler.placement import Placement, TaskInputs, Tier, WorkerView, shard_host
 from datavine.scheduler.racks import RackMap, address_of, is_loopback, normal_host
 
+CANDIDATES_PER_GROUP = 1  # free workers a decision is shown from each group (see candidates)
+GAINS_KEPT = 1 << 16  # gains kept for a reader that does not come (see gains_since)
+# Wake keys (Topology.wake_keys): where room can be gained, as (kind, name).
+WORKER, RACK, SHARE, HOST, FILE = "worker", "rack", "share", "host", "file"
+WakeKey = tuple[str, str]
+# A group of workers ordered by load (LeastBusy): (RACK, rack, cores, named) or
+# (HOST, host, rack, cores, named).
+Group = tuple[Any, ...]
 
-@dataclass
+
+@dataclass(slots=True)
 class KnownWorker:
     """One worker: ``id`` is its datavine name, else its TaskVine address; ``host`` its
     normalised host name."""
@@ -45,10 +65,7 @@ class KnownWorker:
     cores: int = 1
     named: bool = False  # has the feature worker:<id>
     addrport: str | None = None
-    files_read: set[str] = field(default_factory=set)
-    # views() hands placement a frozenset per worker per decision; copy the set only when
-    # it changed (learn), not for every decision (O(workers) instead of O(files read)).
-    frozen: frozenset[str] = field(default_factory=frozenset, repr=False)
+    files_read: set[str] = field(default_factory=set)  # its views hand placement this set
     host: str | None = None
 
 
@@ -83,7 +100,7 @@ class SeenWorker:
         return cls(addrport, hostname, max(cores, 0), name, rack, complete=cores > 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Target:
     """Where a bundle was sent: one named worker, a rack, or anywhere (both None)."""
 
@@ -128,9 +145,20 @@ class Topology:
         self._readers: defaultdict[str, set[str]] = defaultdict(set)
         self._by_addr: dict[str, str] = {}  # TaskVine address -> worker id
         self._alias: dict[str, str] = {}  # a worker's address -> its host name
-        self._indexed: dict[str, tuple[str | None, str | None, int, str | None]] = {}
+        self._indexed: dict[str, tuple[str | None, str | None, int, str | None, bool]] = {}
+        # the workers of each group (rack or host, cores, named) by bundles in flight
+        self._groups: dict[Group, LeastBusy] = {}
+        self._rack_groups: defaultdict[str, set[Group]] = defaultdict(set)
+        self._host_groups: defaultdict[str, set[Group]] = defaultdict(set)
         self._settled: set[str] = set()  # addresses seen complete in TaskVine's list
         self._shard_hosts: dict[str, str | None] = {}  # shard URL -> normalised host
+        self._shard_names: set[str] = set()  # those hosts
+        self._targets: dict[tuple[str | None, str | None], Target] = {}
+        # What a held bundle waits on: room gained (wake keys, gains_since) and, for any
+        # other change that may let it run (a worker left or changed), the epoch.
+        self.epoch = 0
+        self._gains: list[WakeKey] = []
+        self._gains_base = 0
 
     # --- learning -----------------------------------------------------------------------
     def announce(self, worker_id: str, rack: str | None, cores: int,
@@ -140,12 +168,11 @@ class Topology:
         known = self.workers.get(worker_id)
         if known is None:
             known = self.workers[worker_id] = KnownWorker(worker_id, rack, cores, True)
-        self._unindex(known)
         known.rack = rack if rack is not None else known.rack
         known.cores, known.named = cores, True
         if host:
             known.host = normal_host(host, self.here)
-        self._index(known)
+        self._reindex(known)
 
     def see(self, entries: Iterable[Mapping[str, Any]]) -> int:
         """Workers in TaskVine's list of connected workers (``Manager.status("workers")``):
@@ -171,14 +198,13 @@ class Topology:
             wid = seen.name or seen.addrport
             known = self.workers[wid] = KnownWorker(wid, None, max(seen.cores, 1),
                                                     named=seen.name is not None)
-        self._unindex(known)
         known.host = self._host(seen.hostname, seen.addrport) or known.host
         known.addrport = seen.addrport
         if seen.cores > 0:
             known.cores = seen.cores
         known.rack = (seen.rack or known.rack
                       or self._mapped_rack(seen.hostname, address_of(seen.addrport)))
-        self._index(known)
+        self._reindex(known)
         return known
 
     def learn(self, worker_id: str | None, rack: str | None, addrport: str | None,
@@ -191,13 +217,12 @@ class Topology:
             if wid is None:
                 return None
             known = self.workers[wid] = KnownWorker(wid, rack, named=worker_id is not None)
-        self._unindex(known)
         known.rack = rack or known.rack
         known.addrport = addrport or known.addrport
         known.host = known.host or self._host(host, known.addrport)
         if known.rack is None:
             known.rack = self._mapped_rack(host, address_of(known.addrport))
-        self._index(known)
+        self._reindex(known)
         self.read(known, files)
         return known
 
@@ -227,13 +252,11 @@ class Topology:
 
     def read(self, known: KnownWorker, files: Iterable[str]) -> None:
         """``known`` read ``files``: its caches hold them."""
-        before = len(known.files_read)
         for lfn in files:
             if lfn not in known.files_read:
                 known.files_read.add(lfn)
                 self._readers[lfn].add(known.id)
-        if len(known.files_read) != before:
-            known.frozen = frozenset(known.files_read)
+                self._gain((FILE, lfn))
 
     def _mapped_rack(self, hostname: str | None, address: str | None) -> str | None:
         if self.racks is None:
@@ -245,7 +268,7 @@ class Topology:
         self._drop(known.id)
         known.id, known.named = name, True
         self.workers[name] = known
-        self._index(known)
+        self._reindex(known)
         for lfn in known.files_read:
             self._readers[lfn].add(name)
         return known
@@ -253,11 +276,10 @@ class Topology:
     def _fold(self, other: KnownWorker, into: KnownWorker) -> None:
         """The unnamed worker ``other`` is the named worker ``into``: merge them."""
         self._drop(other.id)
-        self._unindex(into)
         into.host = into.host or other.host
         into.rack = into.rack or other.rack
         into.addrport = into.addrport or other.addrport
-        self._index(into)
+        self._reindex(into)
         self.read(into, other.files_read)
 
     def forget(self, worker_id: str) -> KnownWorker | None:
@@ -285,6 +307,7 @@ class Topology:
                 if not readers:
                     del self._readers[lfn]
         self._view_of.pop(worker_id, None)
+        self.epoch += 1  # a worker left (or took a name): near sets shrank
         return known
 
     def forget_missing(self, alive_addrports: set[str]) -> list[str]:
@@ -297,9 +320,28 @@ class Topology:
         return gone
 
     # --- indexes ------------------------------------------------------------------------
+    def _reindex(self, known: KnownWorker) -> None:
+        """Bring the indexes in line with ``known`` after a change (or none: then nothing
+        is done, as for most results). A new worker is room gained where it sits; a known
+        one that changed (rack, host, cores, name) may change any decision: ``epoch``."""
+        entry = (known.rack, known.host, known.cores, known.addrport, known.named)
+        before = self._indexed.get(known.id)
+        if before == entry:
+            return
+        if before is not None:
+            self._unindex(known)
+            self.epoch += 1
+        self._index(known)
+        if before is None:
+            self._gain((WORKER, known.id))
+            if known.rack is not None:  # its rack's share of rack-wide bundles is spread thinner
+                self._gain((RACK, known.rack), (SHARE, known.rack))
+            if known.host is not None:
+                self._gain((HOST, known.host))
+
     def _index(self, known: KnownWorker) -> None:
         wid = known.id
-        self._indexed[wid] = (known.rack, known.host, known.cores, known.addrport)
+        self._indexed[wid] = (known.rack, known.host, known.cores, known.addrport, known.named)
         if known.rack is not None:
             self._by_rack[known.rack].add(wid)
             self._rack_cores[known.rack] += known.cores
@@ -309,13 +351,28 @@ class Topology:
             self._by_addr[known.addrport] = wid
             address = address_of(known.addrport)
             if known.host is not None and address is not None and not is_loopback(address):
-                self._alias[normal_host(address, self.here)] = known.host
+                alias = normal_host(address, self.here)
+                if self._alias.get(alias) != known.host:
+                    self._alias[alias] = known.host
+                    if alias in self._shard_names:  # that shard's host is now this one's
+                        self.epoch += 1
+        busy = self._per_worker.get(wid, 0)
+        for group in self._groups_of(known.rack, known.host, known.cores, known.named):
+            members = self._groups.get(group)
+            if members is None:
+                members = self._groups[group] = LeastBusy()
+                place = self._rack_groups if group[0] == RACK else self._host_groups
+                place[group[1]].add(group)
+                if group[0] == HOST and any(self._alias.get(n, n) == group[1]
+                                            for n in self._shard_names):
+                    self.epoch += 1  # a shard's host in a new rack: wake keys change
+            members.put(wid, busy)
 
     def _unindex(self, known: KnownWorker) -> None:
         entry = self._indexed.pop(known.id, None)
         if entry is None:
             return
-        rack, host, cores, addrport = entry
+        rack, host, cores, addrport, named = entry
         if rack is not None:
             _discard(self._by_rack, rack, known.id)
             self._rack_cores[rack] -= cores
@@ -325,6 +382,29 @@ class Topology:
             _discard(self._by_host, host, known.id)
         if addrport is not None and self._by_addr.get(addrport) == known.id:
             del self._by_addr[addrport]
+        for group in self._groups_of(rack, host, cores, named):
+            members = self._groups.get(group)
+            if members is not None:
+                members.remove(known.id)
+                if not members:
+                    del self._groups[group]
+                    place = self._rack_groups if group[0] == RACK else self._host_groups
+                    _discard(place, group[1], group)
+
+    @staticmethod
+    def _groups_of(rack: str | None, host: str | None, cores: int,
+                   named: bool) -> list[Group]:
+        """The groups a worker is ordered in (:class:`LeastBusy`): its rack's and its
+        host's, split by cores and naming. A worker with neither a name nor a rack is in
+        none: no feature can send a bundle to it."""
+        if not named and rack is None:
+            return []
+        groups: list[Group] = []
+        if rack is not None:
+            groups.append((RACK, rack, cores, named))
+        if host is not None:
+            groups.append((HOST, host, rack, cores, named))
+        return groups
 
     def _check_index(self) -> None:
         """Rebuild the indexes when ``workers`` was changed behind the topology's back (a
@@ -332,12 +412,38 @@ class Topology:
         if len(self._indexed) == len(self.workers):
             return
         for index in (self._indexed, self._by_rack, self._rack_cores, self._by_host,
-                      self._by_addr, self._readers):
+                      self._by_addr, self._readers, self._groups, self._rack_groups,
+                      self._host_groups):
             index.clear()
         for known in self.workers.values():
             self._index(known)
             for lfn in known.files_read:
                 self._readers[lfn].add(known.id)
+        self.epoch += 1
+
+    # --- what decisions are told --------------------------------------------------------
+    def _gain(self, *keys: WakeKey) -> None:
+        gains = self._gains
+        gains.extend(keys)
+        if len(gains) > GAINS_KEPT:  # nobody reads them (no run): keep the newest half
+            half = len(gains) // 2
+            del gains[:half]
+            self._gains_base += half
+
+    @property
+    def gains_end(self) -> int:
+        """Where the next gain will be written (:meth:`gains_since`)."""
+        return self._gains_base + len(self._gains)
+
+    def gains_since(self, cursor: int) -> list[WakeKey] | None:
+        """Where room or nearness was gained since ``cursor`` (a :attr:`gains_end`), as wake
+        keys (:meth:`wake_keys`): a worker's slot returned (the worker, its rack, its host),
+        a rack-wide bundle returned or a worker joined (its rack, and its rack's share), a
+        file read by one more worker (the file). None when some were dropped (too many
+        since): take everything as changed, as after a change of :attr:`epoch`."""
+        if cursor < self._gains_base:
+            return None
+        return self._gains[cursor - self._gains_base:]
 
     # --- what placement sees ------------------------------------------------------------
     def shard_host(self, shard: Shard) -> str | None:
@@ -346,13 +452,16 @@ class Topology:
         host = self._shard_hosts.get(shard.url)
         if host is None and shard.url not in self._shard_hosts:
             host = self._shard_hosts[shard.url] = shard_host(shard.url, self.here)
+            if host is not None:
+                self._shard_names.add(host)
         return self._alias.get(host, host) if host is not None else None
 
     def near(self, task: TaskInputs) -> list[WorkerView]:
-        """Views of the workers that can be near ``task``'s files: those that read one, and
+        """Views of every worker that can be near ``task``'s files: those that read one, and
         those on a host or in a rack of the files' shards. Any other worker is far, and a
         decision need not score it (placement sends far bundles anywhere). A worker with
-        neither a name nor a rack is left out too: no feature can send a bundle to it."""
+        neither a name nor a rack is left out too: no feature can send a bundle to it.
+        O(workers in those racks): decisions use :meth:`candidates`, a few of these."""
         self._check_index()
         ids: set[str] = set()
         for lfn in task.files:
@@ -365,23 +474,104 @@ class Topology:
         return [self._view(k) for w in ids
                 if (k := workers.get(w)) is not None and (k.named or k.rack is not None)]
 
+    def candidates(self, task: TaskInputs) -> list[WorkerView]:
+        """The few near workers (:meth:`near`) that :func:`~datavine.scheduler.placement.decide`
+        needs to decide as it would on all of them: every worker that read one of the files,
+        and from each group of the files' racks and hosts (workers alike but for their load,
+        :class:`LeastBusy`) its ``CANDIDATES_PER_GROUP`` best free workers, or one busy
+        worker when none is free (it says that the group exists: a tier worth waiting for).
+        The decision is the same (its first workers, its first named worker, its rack, its
+        tier, holding or not); it names fewer workers. O(readers + groups x log(workers)).
+        """
+        self._check_index()
+        picked: dict[str, None] = {}
+        workers = self.workers
+        for lfn in task.files:
+            for wid in self._readers.get(lfn, ()):
+                known = workers.get(wid)
+                if known is not None and (known.named or known.rack is not None):
+                    picked[wid] = None
+        for rack in set(task.racks.values()):
+            for group in self._rack_groups.get(rack, ()) if rack is not None else ():
+                self._pick(group, picked)
+        for host in set(task.hosts.values()):
+            for group in (self._host_groups.get(self._alias.get(host, host), ())
+                          if host is not None else ()):
+                self._pick(group, picked)
+        return [self._view(workers[w]) for w in picked]
+
+    def _pick(self, group: Group, picked: dict[str, None]) -> None:
+        members = self._groups[group]
+        best = members.best(CANDIDATES_PER_GROUP, self._below(group))
+        for wid in best or (members.least(),):
+            if wid is not None:
+                picked[wid] = None
+
+    def _below(self, group: Group) -> int:
+        """Bundles in flight to one worker of ``group`` under which it has a free slot."""
+        rack: str | None = group[-3]
+        cores: int = group[-2]
+        return cores * self.bundles_per_core - self._share(rack, cores)
+
+    def _share(self, rack: str | None, cores: int) -> int:
+        """A worker's share of the bundles sent to its rack (any worker there may run them),
+        by its cores."""
+        if rack is None or self._rack_cores.get(rack, 0) <= 0:
+            return 0
+        return int(self._per_rack.get(rack, 0) * cores / self._rack_cores[rack] + 0.999)
+
+    def wake_keys(self, task: TaskInputs, waits_for: Tier) -> frozenset[WakeKey]:
+        """Where room must be gained (:meth:`gains_since`) before ``task``, held while it
+        waits for a worker of tier ``waits_for`` or better, could run: the workers that read
+        its files (and their racks' shares), its files (one more reader), and when it waits
+        for its rack, the files' racks and hosts (and the shares of the racks on those
+        hosts). Room gained anywhere else leaves it held."""
+        self._check_index()
+        keys: set[WakeKey] = {(FILE, f) for f in task.files}
+        workers = self.workers
+        for lfn in task.files:
+            for wid in self._readers.get(lfn, ()):
+                keys.add((WORKER, wid))
+                known = workers.get(wid)
+                if known is not None and known.rack is not None:
+                    keys.add((SHARE, known.rack))
+        if waits_for <= Tier.RACK:
+            keys.update((RACK, r) for r in task.racks.values() if r is not None)
+            for host in {h for h in task.hosts.values() if h is not None}:
+                host = self._alias.get(host, host)
+                keys.add((HOST, host))
+                keys.update((SHARE, g[2]) for g in self._host_groups.get(host, ())
+                            if g[2] is not None)
+        return frozenset(keys)
+
+    def has_room(self, key: WakeKey) -> bool:
+        """Whether some worker behind a wake key (:meth:`wake_keys`) has a free slot now
+        (always, for a file: it says a worker read it)."""
+        kind, name = key
+        if kind == WORKER:
+            known = self.workers.get(name)
+            return known is not None and self._free(known) > 0
+        if kind == FILE:
+            return True
+        place = self._host_groups if kind == HOST else self._rack_groups
+        return any(self._groups[g].any_below(self._below(g)) for g in place.get(name, ()))
+
     def views(self) -> list[WorkerView]:
         """What placement sees of every worker: its rack, host, free bundle slots and files
-        read (decisions use :meth:`near`)."""
+        read (decisions use :meth:`candidates`)."""
         self._check_index()
         return [self._view(w) for w in self.workers.values()]
 
+    def _free(self, w: KnownWorker) -> int:
+        busy = self._per_worker.get(w.id, 0) + self._share(w.rack, w.cores)
+        return w.cores * self.bundles_per_core - busy
+
     def _view(self, w: KnownWorker) -> WorkerView:
-        busy = self._per_worker.get(w.id, 0)
-        rack = w.rack
-        if rack is not None and self._rack_cores.get(rack, 0) > 0:
-            share = self._per_rack.get(rack, 0) * w.cores / self._rack_cores[rack]
-            busy += int(share + 0.999)
-        free = w.cores * self.bundles_per_core - busy
+        free = self._free(w)
         view = self._view_of.get(w.id)
-        if view is None or (view.rack, view.free_slots, view.files_read, view.host) != (
-                w.rack, free, w.frozen, w.host):
-            view = self._view_of[w.id] = WorkerView(w.id, w.rack, free, w.frozen, w.host)
+        if view is None or view.free_slots != free or view.rack != w.rack or (
+                view.host != w.host or view.files_read is not w.files_read):
+            view = self._view_of[w.id] = WorkerView(w.id, w.rack, free, w.files_read, w.host)
         return view
 
     def target(self, placement: Placement) -> Target:
@@ -389,23 +579,34 @@ class Topology:
         for wid in placement.workers:
             known = self.workers.get(wid)
             if known is not None and known.named:
-                return Target(worker=wid)
+                return self._target(wid, None)
         if placement.rack is not None:
-            return Target(rack=placement.rack)
+            return self._target(None, placement.rack)
         for wid in placement.workers:  # cached tier on unnamed workers: their rack
             known = self.workers.get(wid)
             if known is not None and known.rack is not None:
                 return Target(rack=known.rack)
         return ANYWHERE
 
+    def _target(self, worker: str | None, rack: str | None) -> Target:
+        """One Target object per worker or rack (a bundle in flight holds one)."""
+        key = (worker, rack)
+        target = self._targets.get(key)
+        if target is None:
+            target = self._targets[key] = Target(worker, rack)
+        return target
+
     def sent(self, target: Target) -> None:
         self.inflight[target] += 1
         if target.worker is not None:
             self._per_worker[target.worker] += 1
+            self._regroup(target.worker)
         elif target.rack is not None:
             self._per_rack[target.rack] += 1
 
     def returned(self, target: Target) -> None:
+        """A bundle sent to ``target`` came back (or was given up): its slot is free, which
+        is room gained there (:meth:`gains_since`)."""
         self.inflight[target] -= 1
         if self.inflight[target] <= 0:
             del self.inflight[target]
@@ -415,6 +616,26 @@ class Topology:
             counts[key] -= 1
             if counts[key] <= 0:
                 del counts[key]
+        if target.worker is not None:
+            known = self._regroup(target.worker)
+            if known is not None:
+                self._gain((WORKER, known.id))
+                if known.rack is not None:
+                    self._gain((RACK, known.rack))
+                if known.host is not None:
+                    self._gain((HOST, known.host))
+        elif target.rack is not None:
+            self._gain((RACK, target.rack), (SHARE, target.rack))
+
+    def _regroup(self, wid: str) -> KnownWorker | None:
+        """``wid``'s bundles in flight changed: its place in its groups too."""
+        entry = self._indexed.get(wid)
+        if entry is None:
+            return None
+        busy = self._per_worker.get(wid, 0)
+        for group in self._groups_of(*entry[:3], entry[4]):
+            self._groups[group].put(wid, busy)
+        return self.workers.get(wid)
 
 
 def counted_tier(placement: Placement, target: Target) -> str:
@@ -428,9 +649,12 @@ def counted_tier(placement: Placement, target: Target) -> str:
     return placement.tier.name.lower()
 
 
-def _discard(index: defaultdict[str, set[str]], key: str, wid: str) -> None:
+T = TypeVar("T")
+
+
+def _discard(index: defaultdict[str, set[T]], key: str, member: T) -> None:
     members = index.get(key)
     if members is not None:
-        members.discard(wid)
+        members.discard(member)
         if not members:
             del index[key]
