@@ -37,6 +37,26 @@ the whole box on this machine's cores; datavine's placement and locality-blind p
 Last line: ``gbps_datavine=... gbps_blind=... link_utilisation_blind=... ...
 box_time_datavine_s=... box_time_blind_s=... box_interrack_mb_datavine=...
 box_interrack_mb_blind=...``.
+
+The HL-LHC target (``--hllhc``, instead of parts 1-3): 10,000 cores (8 racks x 50 workers x
+25 cores), 32 XCache nodes of 40 Gbps (4 a rack), 100 Gbps between each pair of racks, the
+manager on a 25 Gbps NIC (:meth:`FacilitySpec.hllhc`); files of 250k events at 25 kHz a core
+(10 core-second bundles) and 450 B/event, 900 Gbps of demand, ~200 TB in 30 minutes
+(:meth:`Workload.hllhc`). The manager's core is a resource that saturates: every bundle
+costs it ``--manager-ms-per-bundle`` of CPU (half to send the call, half to take its
+result; default the figure ``benchmarks/workers.py`` measured at 256 workers), and every
+call and result crosses its NIC. The model simulates a warm-up and ``--window-s`` seconds
+of the run and measures the window (a steady state; the whole 30 minutes would be ~1.8M
+bundles of datavine's own decisions; the warm-up, unless ``--warmup-s``, is
+:func:`datavine.apps.sim.steady.warmup_for`'s: 30 s, or longer when the manager needs longer
+for the calls submitted at the start), once at that cost and once at
+``--target-ms-per-bundle`` (the issue's target).
+
+    .venv/bin/python benchmarks/facility_model.py --hllhc [--manager-ms-per-bundle 3.19]
+        [--target-ms-per-bundle 1.0] [--window-s 60] [--warmup-s SECONDS]
+
+Last line: ``gbps_hllhc=... limited_by=... manager_cores_hllhc=...
+manager_nic_share_hllhc=... link_utilisation_hllhc=...`` (at ``--manager-ms-per-bundle``).
 """
 
 from __future__ import annotations
@@ -58,6 +78,12 @@ from datavine.apps.sim.calibration import (
     save_calibration,
 )
 from datavine.apps.sim.plot import plot_runs
+from datavine.apps.sim.steady import SteadyState, steady_state
+
+# manager CPU per bundle at 256 workers, benchmarks/README.md's "## manager profile"
+# (2026-11-25, after TaskVine patch 0003 and the debug log off; 4.47 in "## workers" before)
+MEASURED_MANAGER_MS = 3.19
+TARGET_MANAGER_MS = 1.0  # issue 21's target
 
 
 def facility_runs(files: int, duplex: bool) -> list[tuple[str, SimResult, float]]:
@@ -122,6 +148,76 @@ def box_predictions(geometry: BoxGeometry, cal: Calibration) -> dict[str, Any]:
     return pairs
 
 
+# --- the HL-LHC target ---------------------------------------------------------------------
+def hllhc_runs(costs_ms: list[float], window_s: float, warmup_s: float | None
+               ) -> list[tuple[float, SteadyState, float]]:
+    """(manager ms per bundle, steady state, seconds the simulation took) for each cost."""
+    facility, workload = FacilitySpec.hllhc(), Workload.hllhc()
+    out = []
+    for ms in costs_ms:
+        started = time.perf_counter()
+        steady = steady_state(facility, workload, ManagerCost.per_bundle(ms), window_s,
+                              warmup_s)
+        secs = time.perf_counter() - started
+        out.append((ms, steady, secs))
+        w = steady.window
+        print(f"# simulated HL-LHC at {ms:g} ms per bundle: {secs:.1f} s (window "
+              f"{w.t_from:.0f}-{w.t_to:.0f} s)", file=sys.stderr, flush=True)
+    return out
+
+
+def hllhc_table(runs: list[tuple[float, SteadyState, float]]) -> str:
+    lines = ["| manager ms per bundle | window s | Gbps | limited by | manager busy | "
+             "manager cores needed | manager NIC Gbps | NIC / data | inter-rack link | "
+             "busiest XCache | cores taken | files/s | 200 TB in | sim s |",
+             "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for ms, st, secs in runs:
+        w = st.window
+        span = w.t_to - w.t_from
+        files = _completed(st, w.t_from, w.t_to) / span
+        lines.append(
+            f"| {ms:g} | {w.t_from:.0f}-{w.t_to:.0f} | {st.gbps:.0f} | {st.limited_by} | "
+            f"{100 * w.manager_busy:.1f}% | "
+            f"{st.manager_cores:.2f} | {st.nic_gbps:.2f} | {100 * st.nic_share:.3f}% | "
+            f"{100 * w.link_utilisation:.1f}% | {100 * w.shard_utilisation:.0f}% | "
+            f"{100 * w.cores_busy:.0f}% | {files:.0f} | "
+            f"{200e12 * 8 / (st.gbps * 1e9) / 60:.0f} min | {secs:.0f} |")
+    return "\n".join(lines)
+
+
+def _completed(st: SteadyState, t_from: float, t_to: float) -> int:
+    """Files whose bundles finished between ``t_from`` and ``t_to``."""
+    return sum(1 for t in st.result.file_done_s if t_from <= t < t_to)
+
+
+def hllhc_pairs(st: SteadyState, suffix: str = "_hllhc") -> dict[str, Any]:
+    return {f"gbps{suffix}": round(st.gbps, 1), "limited_by": st.limited_by,
+            f"manager_cores{suffix}": round(st.manager_cores, 3),
+            f"manager_nic_share{suffix}": round(st.nic_share, 5),
+            f"link_utilisation{suffix}": round(st.link_utilisation, 4)}
+
+
+def hllhc_main(args: argparse.Namespace) -> int:
+    facility, workload = FacilitySpec.hllhc(), Workload.hllhc()
+    print(f"# HL-LHC target: {facility.cores:,} cores in {len(facility.racks)} racks, "
+          f"{len(facility.shards)} XCache nodes of {facility.shards[0].gbps:g} Gbps, "
+          f"{facility.inter_rack_gbps:g} Gbps between each pair of racks, manager NIC "
+          f"{facility.manager_nic_gbps:g} Gbps; files of {workload.events_per_file:,.0f} "
+          f"events ({workload.core_s_per_file:g} core-s at {workload.khz_per_core:g} kHz), "
+          f"{workload.bytes_per_event:g} B/event, result {workload.result_bytes / 1024:g} KiB, "
+          f"task {workload.task_bytes / 1024:g} KiB; a window of {args.window_s:g} s", flush=True)
+    costs = [args.manager_ms_per_bundle]
+    if args.target_ms_per_bundle != args.manager_ms_per_bundle:
+        costs.append(args.target_ms_per_bundle)
+    runs = hllhc_runs(costs, args.window_s, args.warmup_s)
+    print(f"# demand {runs[0][1].demand_gbps:.0f} Gbps")
+    print(hllhc_table(runs))
+    for ms, st, _ in runs[1:]:
+        print(f"# at {ms:g} ms per bundle: {common.kv_line(hllhc_pairs(st))}")
+    print(common.kv_line(hllhc_pairs(runs[0][1])))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=60_000)
@@ -140,9 +236,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--link-mbit", type=float, default=200.0)
     parser.add_argument("--box-files", type=int, default=16)
     parser.add_argument("--box-events", type=int, default=100_000)
+    parser.add_argument("--hllhc", action="store_true",
+                        help="the HL-LHC target's steady state instead of parts 1-3")
+    parser.add_argument("--manager-ms-per-bundle", type=float, default=MEASURED_MANAGER_MS,
+                        help="manager CPU per bundle (ms) for --hllhc (default: measured at "
+                             "256 workers, benchmarks/README.md, workers)")
+    parser.add_argument("--target-ms-per-bundle", type=float, default=TARGET_MANAGER_MS,
+                        help="a second --hllhc run at this cost (the issue's target)")
+    parser.add_argument("--window-s", type=float, default=60.0,
+                        help="--hllhc: seconds of steady state measured")
+    parser.add_argument("--warmup-s", type=float, default=None,
+                        help="--hllhc: seconds simulated before the window (default: "
+                             "datavine.apps.sim.steady.warmup_for's)")
     args = parser.parse_args(argv)
     common.setup()
     print(f"# {common.machine_info()}", flush=True)
+    if args.hllhc:
+        return hllhc_main(args)
     pairs: dict[str, object] = {}
     if not args.no_facility:
         runs = facility_runs(args.files, args.duplex)

@@ -21,11 +21,18 @@ max-min fairly with every other running call, so that a call waiting on the netw
 its core to the others, as the kernel's scheduler does. A worker's first call first waits
 ``Workload.startup_wait_s`` and spends ``Workload.startup_s`` core-seconds (its library
 starting) on those same cores.
+
+The manager's host is two resources that saturate (:mod:`.manager`): its core, which every
+call sent and every result taken occupies (``ManagerCost``), and its NIC, which the call's
+bytes (its spec as pickled, plus ``Workload.task_bytes`` a task) and the result's
+(``Workload.result_bytes``) cross. The driver samples the run's counters into a
+:class:`~datavine.apps.sim.results.Timeline` every ``SimConfig.sample_s``.
 """
 
 from __future__ import annotations
 
 import math
+import pickle
 import random
 import time
 from collections import Counter
@@ -37,21 +44,30 @@ import cloudpickle
 
 from datavine.apps.sim.events import EventQueue
 from datavine.apps.sim.network import Network
-from datavine.apps.sim.results import Recorder, SimResult
-from datavine.apps.sim.spec import GBPS, FacilitySpec, ManagerCost, Workload
+from datavine.apps.sim.results import RunFacts, Sample, SimResult, Timeline, summarise
+from datavine.apps.sim.spec import (
+    GBPS,
+    INTER_LINK,
+    FacilitySpec,
+    ManagerCost,
+    Workload,
+    inter_link,
+    shard_link,
+)
 from datavine.apps.sim.taskvine import SimCall, SimTaskVine, SimWorker
 from datavine.config import RunConfig
 from datavine.io.shards import Shard, ShardHealth, ShardMap
+from datavine.protocol import BundleResult, Status
 from datavine.scheduler.bundling import CostModel
 from datavine.scheduler.graph import TaskGraph
 from datavine.scheduler.memory import MemoryState
 from datavine.scheduler.run_state import CallDone, Fail, Learned, RunState, Submit, Tick
 from datavine.scheduler.topology import Topology
-from datavine.worker import remote
 
 FILE_CATEGORY, MERGE_CATEGORY = "process-file", "merge"
 CPU = "cpu"  # the machine's cores, a link of every flow when workers share them
 STARTUP = "startup"  # flow class of libraries starting
+PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 @dataclass(frozen=True)
@@ -81,20 +97,20 @@ def workload_graph(n_files: int, fanin: int, lfn_format: str = "/store/sim/file-
     lfns = [lfn_format.format(i) for i in range(n_files)]
     deps: dict[Any, frozenset[Any]] = {}
     priority: dict[Any, float] = {}
-    level = []
+    level: list[tuple[str | int, ...]] = []
     for i in range(n_files):
-        key = (FILE_CATEGORY, i)
-        deps[key], priority[key] = frozenset(), float(i)
-        level.append(key)
+        file_key = (FILE_CATEGORY, i)
+        deps[file_key], priority[file_key] = frozenset(), float(i)
+        level.append(file_key)
     depth = 0
     while len(level) > 1:
-        merged = []
+        merged: list[tuple[str | int, ...]] = []
         for j in range(0, len(level), fanin):
-            key = (MERGE_CATEGORY, depth, j // fanin)
+            merge_key = (MERGE_CATEGORY, depth, j // fanin)
             inputs = level[j:j + fanin]
-            deps[key] = frozenset(inputs)
-            priority[key] = max(priority[k] for k in inputs) + 0.5 / (depth + 1)
-            merged.append(key)
+            deps[merge_key] = frozenset(inputs)
+            priority[merge_key] = max(priority[k] for k in inputs) + 0.5 / (depth + 1)
+            merged.append(merge_key)
         level, depth = merged, depth + 1
     dependents: dict[Any, set[Any]] = {k: set() for k in deps}
     for key, ds in deps.items():
@@ -140,13 +156,17 @@ class SimRun:
                                                                timeout_s=0),
                               self.learned, now=0.0, files_of=self._files)
         self.tv = SimTaskVine(self.q, workers, self.cfg.cost, self._started, self._result,
-                              seed=self.cfg.seed)
+                              seed=self.cfg.seed,
+                              nic_bytes_per_s=facility.manager_nic_gbps * GBPS)
         self.net = Network(self._capacities())
         self.inflight: dict[int, _Inflight] = {}  # by the state's call number
         self.decision_s = 0.0
         self.flows: dict[int, Callable[[], None]] = {}  # flow id -> what follows it
-        self.rec = Recorder(self, self.cfg.sample_s)
+        self.timeline = Timeline()
+        self._sampling = False
         self._net_version = 0
+        self._shard_name: dict[int, str] = {}  # file -> its shard (all shards healthy)
+        self._pickled: dict[int, int] = {}  # id of a shard map -> its pickle's size
 
     # --- setup ---------------------------------------------------------------------------
     def _files(self, key: Any) -> tuple[str, ...]:
@@ -154,29 +174,24 @@ class SimRun:
 
     def _capacities(self) -> dict[str, float]:
         f = self.facility
-        caps = {f"nic:{s.name}": s.gbps * GBPS for s in f.shards}
+        caps = {shard_link(s.name): s.gbps * GBPS for s in f.shards}
         caps["wan"] = f.origin_gbps * GBPS
         if f.host_cores > 0:
             caps[CPU] = f.host_cores
         for a in f.racks:
             for b in f.racks:
-                if a < b:
-                    if f.duplex:
-                        caps[f"inter:{a}>{b}"] = caps[f"inter:{b}>{a}"] = f.inter_rack_gbps * GBPS
-                    else:
-                        caps[f"inter:{a}|{b}"] = f.inter_rack_gbps * GBPS
+                if a != b:
+                    caps[inter_link(a, b, f.duplex)] = f.inter_rack_gbps * GBPS
         return caps
 
     def inter_links(self) -> list[str]:
-        return [name for name in self.net.capacity if name.startswith("inter:")]
+        return [name for name in self.net.capacity if name.startswith(INTER_LINK)]
 
     def _path(self, rack: str, shard: str, hit: bool) -> list[tuple[str, float]]:
-        path = [(f"nic:{shard}", 1.0)]
+        path = [(shard_link(shard), 1.0)]
         home = self.shard_of[shard].rack
         if home != rack:
-            a, b = sorted((home, rack))
-            path.append((f"inter:{home}>{rack}" if self.facility.duplex else f"inter:{a}|{b}",
-                         1.0))
+            path.append((inter_link(home, rack, self.facility.duplex), 1.0))
         if not hit:
             path.append(("wan", self.workload.miss_overhead))
         if CPU in self.net.capacity:  # core-seconds per byte
@@ -186,10 +201,45 @@ class SimRun:
     # --- the loop (GraphRun's, on simulated time) -----------------------------------------
     def run(self) -> SimResult:
         self.q.at(0.0, self._tick)
-        self.rec.sample()
+        self._sample()
         self.q.run(lambda: self.state.finished, self.cfg.max_time_s)
-        self.rec.sample()
-        return self.rec.result()
+        self._sample()
+        return summarise(self.timeline, self.facts())
+
+    def facts(self) -> RunFacts:
+        return RunFacts(
+            mode="blind" if self.run_cfg.placement is None else "datavine",
+            cores=self.tv.cores, files=self.workload.n_files, capacity=self.net.capacity,
+            nic_bytes_per_s=self.tv.manager.nic_bytes_per_s, decisions=self.decisions,
+            decision_s=self.decision_s, overruns=self.overruns,
+            placement=dict(self.placement_tiers))
+
+    # --- the timeline --------------------------------------------------------------------
+    def _sample(self) -> None:
+        """The counters now; the next sample ``sample_s`` later while the run goes."""
+        now = self.q.now
+        self.net.advance(now)
+        total = near = 0.0
+        for cls in self.net.classes.values():
+            if not isinstance(cls.key, tuple):
+                continue  # not a read (a library starting)
+            total += cls.bytes_total
+            rack, shard, _ = cls.key
+            if self.shard_of[shard].rack == rack:
+                near += cls.bytes_total
+        manager = self.tv.manager
+        self.timeline.samples.append(Sample(
+            now, total, near, self.tv.busy_cores, manager.cpu.done_by(now),
+            manager.nic_in.done_by(now), manager.nic_out.done_by(now), manager.nic_bytes,
+            dict(self.net.link_bytes)))
+        if not self._sampling:
+            self._sampling = True
+            self.q.after(self.cfg.sample_s, self._periodic)
+
+    def _periodic(self) -> None:
+        self._sampling = False
+        if not self.planner.finished:
+            self._sample()
 
     @property
     def planner(self) -> Any:
@@ -228,8 +278,20 @@ class SimRun:
             if isinstance(ins, Fail):
                 raise ins.error
         for ins in submits:
-            self.inflight[ins.call] = _Inflight(ins.keys, ins.spec["outputs"], ins.cap_mb)
-            self.tv.submit(ins.call, worker=ins.target.worker, rack=ins.target.rack)
+            self.inflight[ins.call] = _Inflight(ins.keys, ins.spec.outputs, ins.cap_mb)
+            self.tv.submit(ins.call, worker=ins.target.worker, rack=ins.target.rack,
+                           nbytes=self._call_bytes(ins))
+
+    def _call_bytes(self, ins: Submit) -> float:
+        """What the manager sends for a call: its spec as pickled (keys, inline inputs,
+        the shard map) and ``Workload.task_bytes`` for each task's function and arguments
+        (the model's tasks have none)."""
+        record = ins.spec.encode()
+        shardmap = record.pop("shardmap", None)  # the same in every call: pickled once
+        if id(shardmap) not in self._pickled:
+            self._pickled[id(shardmap)] = len(pickle.dumps(shardmap, protocol=PICKLE))
+        spec = len(pickle.dumps(record, protocol=PICKLE)) + self._pickled[id(shardmap)]
+        return spec + self.workload.task_bytes * len(ins.keys)
 
     # --- on the workers ------------------------------------------------------------------
     def _started(self, call: SimCall, t: float) -> None:
@@ -243,7 +305,7 @@ class SimRun:
             return
         files = [k for k in keys if k[0] == FILE_CATEGORY]
         if not files:
-            self.q.after(tail, self.tv.finish, call)
+            self.q.after(tail, self.tv.finish, call, self.workload.result_bytes)
             return
         worker = call.ran_on
         assert worker is not None
@@ -270,13 +332,16 @@ class SimRun:
         """The call reads file ``i`` (and works through its events), then its merges."""
         worker = call.ran_on
         assert worker is not None
-        shard = self.shardmap.shard_for(self.lfns[i]).name
+        shard = self._shard_name.get(i)
+        if shard is None:
+            shard = self._shard_name[i] = self.shardmap.shard_for(self.lfns[i]).name
         path = self._path(worker.rack, shard, self.hit[i])
         key = (worker.rack, shard, self.hit[i])
         self.net.advance(self.q.now)
         cls = self.net.flow_class(key, path, self.workload.core_bytes_per_s)
         fid = self.net.add(cls, self.events[i] * self.workload.bytes_per_event)
-        self.flows[fid] = lambda: self.q.after(tail, self.tv.finish, call)
+        self.flows[fid] = lambda: self.q.after(tail, self.tv.finish, call,
+                                               self.workload.result_bytes)
         self._reshare()
 
     def _reshare(self) -> None:
@@ -305,18 +370,18 @@ class SimRun:
         worker = call.ran_on
         assert worker is not None
         peak = self._peak(entry.keys)
-        result: dict[str, Any]
+        result: BundleResult
         if entry.cap_mb is not None and peak > entry.cap_mb:
-            result = {"status": remote.STATUS_MEMORY, "peak_mb": peak, "cap_mb": entry.cap_mb}
+            result = BundleResult(Status.MEMORY, peak_mb=peak, cap_mb=entry.cap_mb)
         else:
             counts = Counter(self.graph.category(k) for k in entry.keys)
             seconds = t - entry.started
-            result = {"status": remote.STATUS_OK, "peak_mb": peak, "worker": worker.id,
-                      "rack": worker.rack, "host": worker.host or worker.id,
-                      "values": dict.fromkeys(entry.outputs, _NONE),
-                      "timing": {c: (n, seconds * n / len(entry.keys))
-                                 for c, n in counts.items()}}
-            self.rec.completed(entry.keys, t)
+            result = BundleResult(Status.OK, peak_mb=peak, worker=worker.id, rack=worker.rack,
+                                  host=worker.host or worker.id,
+                                  values=dict.fromkeys(entry.outputs, _NONE),
+                                  timing={c: (n, seconds * n / len(entry.keys))
+                                          for c, n in counts.items()})
+            self.timeline.completed(sum(1 for k in entry.keys if k[0] == FILE_CATEGORY), t)
         self._handle(CallDone(call.payload, result, None, t))
         self._handle(Tick(t, len(self.tv.workers), self.tv.cores))  # fill the freed slot
 

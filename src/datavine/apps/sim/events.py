@@ -28,12 +28,13 @@ class EventQueue:
         return len(self._heap)
 
     def run(self, stop: Callable[[], bool], max_time: float) -> None:
-        """Process events until ``stop()`` is true, none is left, or ``max_time`` passes."""
+        """Process events until ``stop()`` is true, none is left, or ``max_time`` passes
+        (later events stay queued: a later call goes on with them)."""
         while self._heap and not stop():
-            t, _, fn, args = heapq.heappop(self._heap)
-            if t > max_time:
+            if self._heap[0][0] > max_time:
                 self.now = max_time
                 return
+            t, _, fn, args = heapq.heappop(self._heap)
             self.now = t
             self.processed += 1
             fn(*args)

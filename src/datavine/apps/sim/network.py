@@ -100,28 +100,28 @@ class Network:
 
     def share(self) -> None:
         """Max-min fair rates by progressive filling, each class capped at its demand."""
-        active = [c for c in self.classes.values() if c.flows]
         for cls in self.classes.values():
             cls.rate = 0.0
+        active = [(c, len(c.flows)) for c in self.classes.values() if c.flows]
         remaining = dict(self.capacity)
         while active:
             load: dict[str, float] = {}
-            for cls in active:
+            for cls, n in active:
                 for link, weight in cls.path:
-                    load[link] = load.get(link, 0.0) + cls.n * weight
+                    load[link] = load.get(link, 0.0) + n * weight
             bottleneck, level = None, float("inf")
             for link, units in load.items():
                 if units > 0 and remaining[link] / units < level:
                     bottleneck, level = link, remaining[link] / units
-            satisfied = [c for c in active if c.demand <= level]
-            frozen = satisfied or [c for c in active
+            satisfied = [(c, n) for c, n in active if c.demand <= level]
+            frozen = satisfied or [(c, n) for c, n in active
                                    if any(link == bottleneck for link, _ in c.path)]
-            for cls in frozen:
+            for cls, n in frozen:
                 cls.rate = cls.demand if satisfied else max(level, 0.0)
                 for link, weight in cls.path:
-                    remaining[link] = max(remaining[link] - cls.rate * cls.n * weight, 0.0)
-            ids = {id(c) for c in frozen}
-            active = [c for c in active if id(c) not in ids]
+                    remaining[link] = max(remaining[link] - cls.rate * n * weight, 0.0)
+            ids = {id(c) for c, _ in frozen}
+            active = [(c, n) for c, n in active if id(c) not in ids]
 
     def link_rate(self, link: str) -> float:
         """Bytes/s on ``link`` at the current rates."""

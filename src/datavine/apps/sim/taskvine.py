@@ -6,7 +6,11 @@ that rack, one without features anywhere; among calls a freed core could take, t
 goes first; a call without a feature lands on a free core chosen at random (TaskVine ranks
 workers by the call's cached inputs, and function calls declare none). The manager is one
 thread: sending a call and taking its result each occupy it for a while
-(:class:`~datavine.apps.sim.spec.ManagerCost`), and so do datavine's decisions (:meth:`busy`).
+(:class:`~datavine.apps.sim.spec.ManagerCost`), and so do datavine's decisions (:meth:`busy`);
+the call's bytes and the result's cross the manager's NIC. Both are resources that saturate
+(:class:`~datavine.apps.sim.manager.ManagerHost`, where the thread takes results, sends calls
+and decides in turn): a result waits to be taken, holding its core, and a call waits to be
+sent, while the manager is busy.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from datavine.apps.sim.events import EventQueue
+from datavine.apps.sim.manager import ManagerHost
 from datavine.apps.sim.spec import ManagerCost
 
 
@@ -32,12 +37,14 @@ class SimWorker:
 
 @dataclass
 class SimCall:
-    """One function call: ``payload`` is the driver's, ``worker``/``rack`` its features."""
+    """One function call: ``payload`` is the driver's, ``worker``/``rack`` its features,
+    ``nbytes`` what the manager sends for it."""
 
     seq: int
     payload: Any
     worker: str | None = None
     rack: str | None = None
+    nbytes: float = 0.0
     ran_on: SimWorker | None = field(default=None, repr=False)
 
 
@@ -67,7 +74,8 @@ class _FreeSet:
 
 
 class SimTaskVine:
-    """Workers, waiting calls and the manager's one thread.
+    """Workers, waiting calls and the manager's host (its one thread and its NIC, of
+    ``nic_bytes_per_s``; 0: the NIC's time is not modelled).
 
     ``on_start(call, t)``: the call begins on its worker at ``t``; the driver answers with
     :meth:`finish` when it ends. ``on_result(call, t)``: the manager took the result at ``t``.
@@ -75,7 +83,8 @@ class SimTaskVine:
 
     def __init__(self, q: EventQueue, workers: list[SimWorker], cost: ManagerCost,
                  on_start: Callable[[SimCall, float], None],
-                 on_result: Callable[[SimCall, float], None], seed: int = 0) -> None:
+                 on_result: Callable[[SimCall, float], None], seed: int = 0,
+                 nic_bytes_per_s: float = 0.0) -> None:
         self.q = q
         self.cost = cost
         self.workers = {w.id: w for w in workers}
@@ -87,29 +96,29 @@ class SimTaskVine:
         self.waiting_worker: dict[str, deque[SimCall]] = {}
         self.waiting_rack: dict[str, deque[SimCall]] = {}
         self.waiting_any: deque[SimCall] = deque()
-        self.manager_free_at = 0.0
-        self.manager_busy_s = 0.0
+        self.manager = ManagerHost(q, nic_bytes_per_s)
         self.dispatched = 0
         self._seq = 0
+        self._cores = sum(w.cores for w in workers)  # the workers are known at the start
 
     @property
     def cores(self) -> int:
-        return sum(w.cores for w in self.workers.values())
+        return self._cores
 
     @property
     def busy_cores(self) -> int:
         return sum(w.busy for w in self.workers.values())
 
-    def busy(self, seconds: float) -> float:
-        """Occupy the manager's thread for ``seconds`` from now; returns when it is free."""
-        start = max(self.q.now, self.manager_free_at)
-        self.manager_free_at = start + seconds
-        self.manager_busy_s += seconds
-        return self.manager_free_at
+    def busy(self, seconds: float) -> None:
+        """Occupy the manager's thread for ``seconds`` (datavine's decisions), in turn
+        with taking results and sending calls."""
+        self.manager.think(seconds)
 
-    def submit(self, payload: Any, worker: str | None = None, rack: str | None = None) -> SimCall:
+    def submit(self, payload: Any, worker: str | None = None, rack: str | None = None,
+               nbytes: float = 0.0) -> SimCall:
+        """A call of ``nbytes`` (its spec, as sent) for ``worker``, ``rack`` or anywhere."""
         self._seq += 1
-        call = SimCall(self._seq, payload, worker, rack)
+        call = SimCall(self._seq, payload, worker, rack, nbytes)
         target = self._free_for(call)
         if target is not None:
             self._dispatch(call, target)
@@ -121,10 +130,10 @@ class SimTaskVine:
             self.waiting_any.append(call)
         return call
 
-    def finish(self, call: SimCall) -> None:
-        """The call's work ended on its worker now; the manager takes the result."""
-        t = self.busy(self.cost.result_s)
-        self.q.at(t, self._taken, call)
+    def finish(self, call: SimCall, result_bytes: float = 0.0) -> None:
+        """The call's work ended on its worker now; its result (``result_bytes``) crosses
+        the manager's NIC and the manager takes it."""
+        self.manager.take(self.cost.result_s, result_bytes, lambda: self._taken(call))
 
     def _taken(self, call: SimCall) -> None:
         worker = call.ran_on
@@ -165,5 +174,11 @@ class SimTaskVine:
             self.free[worker.rack].discard(worker.id)
         call.ran_on = worker
         self.dispatched += 1
-        t = self.busy(self.cost.dispatch_s) + self.cost.latency_s + self.cost.start_s
-        self.q.at(t, self.on_start, call, t)
+        self.manager.send(self.cost.dispatch_s, call.nbytes, lambda: self._sent(call))
+
+    def _sent(self, call: SimCall) -> None:
+        """The call left the manager: its work starts after the latency and the start."""
+        self.q.after(self.cost.latency_s + self.cost.start_s, self._begin, call)
+
+    def _begin(self, call: SimCall) -> None:
+        self.on_start(call, self.q.now)
