@@ -3,9 +3,14 @@
 One source task fans out to ``tasks / 2`` leaves, which a binary tree of ``add`` tasks
 reduces to one value: ``tasks`` dask tasks in all, each doing microseconds of work, so the
 figure is the scheduler's own cost per task (``--shape leaves``: no source task, the leaves
-are the graph's roots). The same graph runs through:
+are the graph's roots). ``--shape sum``: ``tasks - 1`` independent leaves and one task
+summing them all (``--tasks 2001``: 2,000 leaves, 5 bundles on 2 workers): one dependency
+level whose inputs are small, the case where keeping values on the workers must not cost a
+wait (issue 21, point 5). The same graph runs through:
 
 - datavine: ``datavine.LocalCluster(workers, cores)``, workers connected before the clock;
+- datavine with every value through the manager (``keep_on_workers=False``, "datavine
+  inline"): the figure datavine's default must stay within 10% of on small graphs;
 - DaskVine function-calls and DaskVine tasks (cctools' ``DaskVine.get`` on the dict graph,
   its own local ``vine_worker``s with a password); the tasks mode runs a fresh Python per
   task (~5 tasks/s), so it gets a smaller graph (``--daskvine-tasks-size``);
@@ -35,14 +40,15 @@ import dask
 import dask.multiprocessing
 import dask.threaded
 
-PEERS = ("datavine", "daskvine_fc", "daskvine_tasks", "threads", "processes", "distributed",
-         "plain_loop")
-NAMES = {"datavine": "datavine", "daskvine_fc": "DaskVine function-calls",
+PEERS = ("datavine", "datavine_inline", "daskvine_fc", "daskvine_tasks", "threads",
+         "processes", "distributed", "plain_loop")
+NAMES = {"datavine": "datavine", "datavine_inline": "datavine inline",
+         "daskvine_fc": "DaskVine function-calls",
          "daskvine_tasks": "DaskVine tasks", "threads": "dask threads",
          "processes": "dask processes", "distributed": "distributed",
          "plain_loop": "plain loop"}
 SEED = 7
-SHAPES = ("fanout", "leaves")
+SHAPES = ("fanout", "leaves", "sum")
 
 
 # The task functions live in this script (__main__), so every peer ships them by value.
@@ -58,9 +64,17 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def expected(tasks: int) -> int:
+def total(*values: int) -> int:
+    return sum(values)
+
+
+def leaves_of(tasks: int, shape: str) -> int:
+    return tasks - 1 if shape == "sum" else tasks // 2
+
+
+def expected(tasks: int, shape: str = "fanout") -> int:
     """The graph's value in closed form: sum of ``SEED + i`` over the leaves."""
-    n = tasks // 2
+    n = leaves_of(tasks, shape)
     return n * SEED + n * (n - 1) // 2
 
 
@@ -69,27 +83,39 @@ def build_graph(tasks: int, shape: str = "fanout") -> Any:
 
     ``fanout``: the leaves depend on one source task. ``leaves``: the leaves are roots of
     the graph (the seed is a literal) and a last ``add(total, 0)`` keeps the task count.
+    ``sum``: ``tasks - 1`` leaves (roots) and one task summing them.
     """
-    if tasks < 4 or tasks % 2:
-        raise ValueError(f"--tasks must be an even number >= 4, not {tasks}")
     if shape not in SHAPES:
         raise ValueError(f"--shape must be one of {SHAPES}, not {shape!r}")
+    if shape == "sum":
+        if tasks < 2:
+            raise ValueError(f"--tasks must be >= 2 for --shape sum, not {tasks}")
+        summed = dask.delayed(total, pure=False)(
+            *[dask.delayed(leaf, pure=False)(SEED, i) for i in range(tasks - 1)])
+        if len(dict(summed.__dask_graph__())) != tasks:
+            raise AssertionError(f"built {len(dict(summed.__dask_graph__()))} tasks, "
+                                 f"wanted {tasks}")
+        return summed
+    if tasks < 4 or tasks % 2:
+        raise ValueError(f"--tasks must be an even number >= 4, not {tasks}")
     root: Any = dask.delayed(source, pure=False)() if shape == "fanout" else SEED
     level = [dask.delayed(leaf, pure=False)(root, i) for i in range(tasks // 2)]
     while len(level) > 1:
         pairs = [dask.delayed(add, pure=False)(a, b) for a, b in zip(level[::2], level[1::2],
                                                                       strict=False)]
         level = pairs + ([level[-1]] if len(level) % 2 else [])
-    total = level[0] if shape == "fanout" else dask.delayed(add, pure=False)(level[0], 0)
-    size = len(dict(total.__dask_graph__()))
+    out = level[0] if shape == "fanout" else dask.delayed(add, pure=False)(level[0], 0)
+    size = len(dict(out.__dask_graph__()))
     if size != tasks:
         raise AssertionError(f"built {size} tasks, wanted {tasks}")
-    return total
+    return out
 
 
-def plain_loop(tasks: int) -> int:
+def plain_loop(tasks: int, shape: str = "fanout") -> int:
     """The same calls, in order, in this process: no scheduler at all (as many calls as
-    either shape has tasks)."""
+    the shape has tasks)."""
+    if shape == "sum":
+        return total(*[leaf(SEED, i) for i in range(tasks - 1)])
     seed = source()
     level = [leaf(seed, i) for i in range(tasks // 2)]
     while len(level) > 1:
@@ -112,7 +138,7 @@ def run_repeated(peer: str, tasks: int, repeat: int, compute: Callable[[Any], An
     for _ in range(repeat):
         graph = build_graph(tasks, shape)
         runs.append(common.measure(NAMES[peer], tasks, lambda g=graph: compute(g),
-                                   lambda v: scalar(v) == expected(tasks), note))
+                                   lambda v: scalar(v) == expected(tasks, shape), note))
     return runs
 
 
@@ -148,7 +174,8 @@ def run_peer(peer: str, args: argparse.Namespace) -> list[common.PeerResult]:
         return run_repeated(peer, tasks, repeat, compute, note, args.shape)
 
     if peer == "plain_loop":
-        return repeated(lambda _: plain_loop(args.tasks), "one process, no scheduler")
+        return repeated(lambda _: plain_loop(args.tasks, args.shape),
+                        "one process, no scheduler")
     if peer == "threads":
         return repeated(with_scheduler(
             lambda d, k, **kw: dask.threaded.get(d, k, num_workers=slots, **kw)),
@@ -169,12 +196,12 @@ def run_peer(peer: str, args: argparse.Namespace) -> list[common.PeerResult]:
                                             else "a Python per task"),
                             tasks=args.tasks if fc else args.daskvine_tasks_size,
                             repeat=args.daskvine_repeat if fc else 1)
-    if peer == "datavine":
+    if peer in ("datavine", "datavine_inline"):
         import datavine
 
-        manager = datavine.ManagerConfig(run_dir=common.run_dir("datavine"))
-        with datavine.LocalCluster(workers=args.workers, cores=args.cores,
-                                   manager=manager) as cluster:
+        manager = datavine.ManagerConfig(run_dir=common.run_dir(peer))
+        with datavine.LocalCluster(workers=args.workers, cores=args.cores, manager=manager,
+                                   keep_on_workers=peer == "datavine") as cluster:
             runs = []
             for i in range(args.repeat):
                 note = shape + ("; the cluster's first run" if i == 0 else "")
@@ -198,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--daskvine-tasks-size", type=int, default=100,
                         help="graph size for DaskVine's tasks mode (~5 tasks/s)")
     parser.add_argument("--shape", choices=SHAPES, default="fanout",
-                        help="fanout: one source task feeds the leaves; leaves: no source")
+                        help="fanout: one source task feeds the leaves; leaves: no source; "
+                        "sum: tasks-1 leaves and their sum")
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
     args = parser.parse_args(argv)
     build_graph(args.tasks, args.shape)  # bad sizes fail before any cluster starts
@@ -214,8 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     pairs: dict[str, Any] = {"tasks_per_s": f"{mine:.0f}" if mine else "nan"}
     if "daskvine_fc" in results:
         pairs["ratio_vs_daskvine_fc"] = common.ratio(mine, results["daskvine_fc"].rate)
+    if "datavine_inline" in results:
+        pairs["ratio_vs_keep_on_workers_false"] = common.ratio(
+            mine, results["datavine_inline"].rate)
     for peer, result in results.items():
-        if peer not in ("datavine", "daskvine_fc"):
+        if peer not in ("datavine", "daskvine_fc", "datavine_inline"):
             pairs[f"ratio_vs_{peer}"] = common.ratio(mine, result.rate)
     for peer, result in results.items():
         pairs[f"{peer}_tasks_per_s"] = f"{result.rate:.0f}" if result.rate else "nan"

@@ -243,3 +243,12 @@ factory_period_s = 1
     assert data["events"] == 20_000
     assert data["cluster"]["kind"] == "pools test-local" and data["cluster"]["workers"] == 2
     assert not (pools / "test-local.json").exists(), "the pool is stopped after the run"
+
+
+def test_debug_log_is_off_unless_the_facility_asks(tmp_path: Path) -> None:
+    assert load_facility(write(tmp_path, "[manager]\nhost = '127.0.0.1'\n"),
+                         check_files=False).manager.debug_log is False
+    on = load_facility(write(tmp_path, "[manager]\ndebug_log = true\n"), check_files=False)
+    assert on.manager.debug_log is True
+    with pytest.raises(FacilityError, match="debug_log"):
+        load_facility(write(tmp_path, "[manager]\ndebug_log = 'yes'\n"), check_files=False)

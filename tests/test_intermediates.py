@@ -35,9 +35,11 @@ def test_kept_values_are_undeclared_when_consumed_inlined_or_failed() -> None:
     files = Files()
     kept = Intermediates(files.declare, files.undeclare)
     plan = kept.plan(["a", "b", "c"], [])
-    assert len(files.live) == 3 and set(plan.store) == {"a", "b", "c"}
+    # one file for the bundle's outputs, whatever their number
+    assert len(files.live) == 1 and set(plan.store) == {"a", "b", "c"}
+    assert len(set(plan.store.values())) == 1
     # "a" kept, "b" small enough to come back inline, "c" not written
-    kept.made(plan, stored={"a": 1000, "b": 10}, inline=["b"], worker="w1")
+    kept.made(plan, stored={"a": 1000}, inline=["b"], worker="w1")
     assert set(kept.held) == {"a"} and len(files.live) == 1
     consumer = kept.plan([], ["a", "b"])
     assert set(consumer.fetch) == {"a"}  # "b" travels inline
@@ -49,6 +51,54 @@ def test_kept_values_are_undeclared_when_consumed_inlined_or_failed() -> None:
     kept.failed(failed)
     kept.failed(failed)  # idempotent
     assert not files.live
+
+
+def test_a_bundle_file_that_holds_nothing_is_dropped_at_once() -> None:
+    files = Files()
+    kept = Intermediates(files.declare, files.undeclare)
+    kept.made(kept.plan(["a", "b"], []), stored={}, inline=["a", "b"], worker="w1")
+    assert not kept.held and not files.live
+
+
+def test_one_file_per_bundle_is_fetched_once_and_dropped_with_its_last_value() -> None:
+    files = Files()
+    kept = Intermediates(files.declare, files.undeclare)
+    kept.made(kept.plan(["a", "b", "c"], []), {"a": 10, "b": 20, "c": 30}, [], "w1")
+    kept.made(kept.plan(["d"], []), {"d": 40}, [], "w2")
+    assert len(files.live) == 2
+    consumer = kept.plan([], ["a", "b", "d"])
+    # a and b share their bundle's file: one name, fetched once; d has its own
+    assert consumer.fetch["a"] == consumer.fetch["b"] != consumer.fetch["d"]
+    kept.fetched(consumer, "w2")
+    assert kept.peer_bytes == 60  # a whole file moves: a, b and c; d was on w2 already
+    kept.consumed("a")
+    kept.consumed("b")
+    assert len(files.live) == 2  # c still needs the first file
+    kept.consumed("c")
+    kept.consumed("d")
+    assert not files.live and not kept.held
+
+
+def test_a_lost_file_loses_every_value_in_it() -> None:
+    files = Files()
+    kept = Intermediates(files.declare, files.undeclare)
+    kept.made(kept.plan(["a", "b"], []), {"a": 10, "b": 20}, [], "w1")
+    kept.made(kept.plan(["c"], []), {"c": 5}, [], "w1")
+    assert kept.lose(["a", "a"]) == ["a", "b"]  # b was in the same file
+    assert set(kept.held) == {"c"} and len(files.live) == 1
+
+
+def test_sizes_learned_in_one_run_decide_the_next_runs_first_bundles() -> None:
+    learned: dict[str, int] = {}
+    first = Intermediates(Files().declare, lambda f: None, largest=learned)
+    assert first.worth_keeping("leaf", inline_max=100)  # unknown: keep
+    first.observe("leaf", 10)
+    first.observe("tree", 5000)
+    second = Intermediates(Files().declare, lambda f: None, largest=learned)
+    assert not second.worth_keeping("leaf", inline_max=100)  # small last run: inline
+    assert second.worth_keeping("tree", inline_max=100)
+    second.observe("leaf", 500)  # larger this time: kept again from now on
+    assert second.worth_keeping("leaf", inline_max=100) and learned["leaf"] == 500
 
 
 def test_values_on_a_lost_worker_are_forgotten() -> None:
@@ -247,8 +297,8 @@ def test_worker_killed_while_holding_values(tmp_path: Any) -> None:
                 threading.Thread(target=open_the_gate_once_the_loss_is_seen, args=(worker,),
                                  daemon=True).start()
 
-        cluster.runtime.result_hook = kill_a_worker_holding_values
-        (value,) = cluster.get(dsk, [final])
+        with cluster.subscribe_results(kill_a_worker_holding_values):
+            (value,) = cluster.get(dsk, [final])
         summary = cluster.last_summary
     assert value[0] == sum(range(n))
     assert killed and victims, "no worker was killed while it held a value"
@@ -283,11 +333,11 @@ def test_interrupted_run_hands_kept_values_to_the_result_hook(tmp_path: Any) -> 
     run = datavine.RunConfig(max_bundle_tasks=1, target_bundle_s=0.001)
     with datavine.LocalCluster(workers=2, cores=1, run=run,
                                manager=datavine.ManagerConfig(run_dir=tmp_path)) as cluster:
-        cluster.runtime.result_hook = lambda keys, values: seen.update(values)
         timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            cluster.get(dsk, [final])
+        with cluster.subscribe_results(lambda keys, values: seen.update(values)):
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                cluster.get(dsk, [final])
         timer.join()
     assert seen, "no kept value reached the hook"
     for key, value in seen.items():  # each is the right value: an item or a sum of items

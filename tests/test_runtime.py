@@ -172,7 +172,7 @@ def test_the_cluster_starts_the_library_on_every_worker_before_the_first_run(
 def test_the_library_is_the_process_the_worker_kills(tmp_path: Path) -> None:
     """vine_worker stops a library with kill(-pid, SIGKILL): the library must be that pid
     (the worker's `sh -c` exec-ed it) and lead its own group, else the kill reaches nothing
-    and the worker blocks until the library ends by itself (runtime.exec_command,
+    and the worker blocks until the library ends by itself (taskvine_port.exec_command,
     remote.library_started)."""
     cfg = datavine.ManagerConfig(run_dir=tmp_path)
     with datavine.LocalCluster(workers=1, cores=1, manager=cfg, run=datavine.RunConfig(
@@ -200,3 +200,39 @@ def test_a_local_cluster_whose_workers_never_connect_says_so(
           datavine.LocalCluster(workers=1, cores=1, manager=cfg, connect_timeout_s=3)):
         pass
     assert time.monotonic() - start < 30
+
+
+def test_the_runtime_is_the_port_a_run_drives_and_results_go_to_subscribers(
+        tmp_path: Path) -> None:
+    """The runtime composes TaskVine's port, the library and the worker watch into the one
+    port :class:`GraphRun` drives; result hooks are subscribed for a block, in order."""
+    from datavine.manager.port import RunPort
+    from datavine.manager.runtime import Runtime
+
+    rt = Runtime(datavine.ManagerConfig(run_dir=tmp_path))
+    try:
+        assert isinstance(rt, RunPort)
+        first, second = [], []
+        with rt.subscribe_results(lambda keys, values: first.append(keys)):
+            with rt.subscribe_results(lambda keys, values: second.append(keys)):
+                assert len(rt.result_hooks) == 2
+                rt._publish(["a"], {"a": 1})
+            rt._publish(["b"], {})
+        assert rt.result_hooks == ()
+        assert first == [["a"], ["b"]] and second == [["a"]]
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("debug_log", [False, True])
+def test_taskvine_debug_log_keeps_worker_messages_only_when_asked(tmp_path: Path,
+                                                                  debug_log: bool) -> None:
+    """TaskVine writes every message to every worker in its debug log; datavine keeps only
+    its notices and errors there unless ``ManagerConfig(debug_log=True)``."""
+    config = datavine.ManagerConfig(run_dir=tmp_path, debug_log=debug_log)
+    with datavine.LocalCluster(workers=1, manager=config) as cluster:
+        assert delayed(operator.add)(1, 2).compute(scheduler=cluster.get) == 3
+        log = Path(cluster.runtime.info_dir) / "vine-logs" / "debug"
+        text = log.read_text(errors="replace")
+    assert "manager start" in text  # written before datavine turned the flags down
+    assert ("tx to " in text) is debug_log

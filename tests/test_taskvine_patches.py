@@ -7,6 +7,10 @@
   on one address (``--transfer-address``); the embedded default keeps both on loopback, so
   neither answers on another address of this host. Checked with ``ss -ltnp`` (who listens
   where) and by connecting to this host's non-loopback address where it has one.
+- ``0003``: the scheduler skips workers without the task's features or a free slot before
+  ranking them (a cost that grew with the workers, see ``benchmarks/README.md``): the
+  choice must not change, so tasks pinned by a feature run on that worker, a task whose
+  feature no worker has is never sent, and free tasks still run anywhere.
 """
 
 from __future__ import annotations
@@ -171,3 +175,51 @@ def test_local_workers_follow_a_manager_on_another_address(tmp_path: Path) -> No
         assert transfer and set().union(*transfer.values()) == {other}, transfer
         (w,) = cluster.runtime.manager.status("workers")
         assert w["addrport"].startswith(f"{other}:")
+
+
+def test_tasks_pinned_by_a_feature_run_there_and_nowhere_else(tmp_path: Path) -> None:
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager"))
+    names = ("a", "b", "c")
+    workers = [subprocess.Popen(
+        [str(vine_binary("vine_worker")), "127.0.0.1", str(rt.port), "--cores", "1",
+         "--feature", f"worker:w-{name}", "--workspace", str(tmp_path / name),
+         "--timeout", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for name in names]
+    vine = rt.taskvine.vine
+    try:
+        def connected() -> dict[str, str]:
+            rt.manager.wait(1)
+            return {f: w["addrport"] for w in rt.manager.status("workers")
+                    for f in w.get("features", []) if f.startswith("worker:")}
+
+        where = until(lambda: len(connected()) == 3 and connected(), timeout_s=30)
+        assert where, f"3 workers did not connect: {rt.manager.status('workers')}"
+        submitted: dict[int, str | None] = {}
+        for i in range(9):
+            task = vine.Task("true")
+            pin = f"worker:w-{names[i % 2]}" if i < 6 else None  # 3 on a, 3 on b, 3 free
+            if pin:
+                task.add_feature(pin)
+            submitted[rt.manager.submit(task)] = pin
+        nowhere = vine.Task("true")
+        nowhere.add_feature("worker:w-nobody")
+        never = rt.manager.submit(nowhere)
+        ran: dict[int, str] = {}
+        deadline = time.monotonic() + 60
+        while len(ran) < len(submitted) and time.monotonic() < deadline:
+            task = rt.manager.wait(1)
+            if task is not None:
+                assert task.id != never, "a task whose feature no worker has was sent"
+                assert task.successful(), task.result
+                ran[task.id] = task.addrport
+        assert len(ran) == len(submitted), f"only {len(ran)} of {len(submitted)} tasks ran"
+        for task_id, pin in submitted.items():
+            if pin is not None:
+                assert ran[task_id] == where[pin], (pin, ran[task_id], where)
+        assert nowhere.state == "READY", nowhere.state  # still waiting for its worker
+    finally:
+        for worker in workers:
+            stop_session(worker.pid)
+            worker.wait(timeout=10)
+        rt.close()

@@ -8,13 +8,13 @@ requested keys need, with dependency and dependent maps and dask's own prioritie
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from dask._task_spec import DataNode, GraphNode, convert_legacy_graph
-from dask.core import flatten
 from dask.order import order
+from dask.typing import Key as DaskKey
 from dask.utils import key_split
 
 Key = Hashable
@@ -54,7 +54,16 @@ class TaskGraph:
 
     def category(self, key: Key) -> str:
         """The task's category: dask's key prefix, e.g. ``'sum-aggregate'``."""
-        return key_split(key)
+        return str(key_split(key))
+
+    def output_kind(self, key: Key) -> str:
+        """What the task's output sizes are learned by, across runs: its category and the
+        function it calls (``'add:numpy.add'``): prefixes as common as ``add`` name
+        unrelated tasks in different graphs."""
+        func = getattr(self.nodes[key], "func", None)
+        name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+        module = getattr(func, "__module__", None)
+        return f"{self.category(key)}:{module}.{name}" if name else self.category(key)
 
     def modules(self, limit: int = 32) -> list[str]:
         """Top-level packages of the tasks' functions (for the workers to import once)."""
@@ -80,7 +89,7 @@ def to_mapping(dsk: Any) -> Mapping[Key, Any]:
 
 def build(dsk: Any, keys: Any) -> TaskGraph:
     """Normalise ``dsk`` and cull it to what ``keys`` (a nested list of keys) need."""
-    outputs = set(flatten(keys)) if isinstance(keys, list) else {keys}
+    outputs = set(_flat(keys)) if isinstance(keys, list) else {keys}
     nodes = convert_legacy_graph(dict(to_mapping(dsk)))
     missing = [k for k in outputs if k not in nodes]
     if missing:
@@ -91,8 +100,18 @@ def build(dsk: Any, keys: Any) -> TaskGraph:
     for key, deps in dependencies.items():
         for dep in deps:
             dependents[dep].add(key)
-    sub = {k: nodes[k] for k in needed}
-    return TaskGraph(sub, dependencies, dependents, order(sub), outputs)
+    sub: dict[Key, GraphNode] = {k: nodes[k] for k in needed}
+    priority: dict[Key, int] = dict(order(cast("Mapping[DaskKey, GraphNode]", sub)).items())
+    return TaskGraph(sub, dependencies, dependents, priority, outputs)
+
+
+def _flat(keys: object) -> Iterator[Key]:
+    """The keys in a nested list of keys (dask's ``flatten``: lists nest, tuples are keys)."""
+    if isinstance(keys, list):
+        for item in keys:
+            yield from _flat(item)
+    else:
+        yield keys
 
 
 def _cull(nodes: Mapping[Key, GraphNode], outputs: Iterable[Key]) -> set[Key]:

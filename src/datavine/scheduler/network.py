@@ -149,13 +149,14 @@ class NetworkWatch:
         unblock: list[str] = []
         for addr in sorted(self.dropped.keys() - late):
             host = self.dropped.pop(addr)
-            lib = libraries.get(addr)
+            now_lib = libraries.get(addr)
             if host and host not in self.dropped.values():
                 unblock.append(host)
-            back = ("its library started" if lib is not None and lib.state == LIBRARY_STARTED
-                    else "it left" if lib is None else "its library ended")
+            back = ("its library started" if now_lib is not None
+                    and now_lib.state == LIBRARY_STARTED
+                    else "it left" if now_lib is None else "its library ended")
             findings.append(Finding(names.get(addr, addr), host or addr, back,
-                                    "taken back into the run" if lib is not None
+                                    "taken back into the run" if now_lib is not None
                                     else "forgotten", at))
         peers_off = False
         if late and not self.peers_off:
