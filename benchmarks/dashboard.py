@@ -191,7 +191,7 @@ def sink_cost_us(n: int = 20_000) -> float:
     import tempfile
 
     from datavine.dashboard.events import EventSink
-    from datavine.manager.runtime import Finished
+    from datavine.manager.port import Finished
     from datavine.scheduler.bundling import Bundle
     from datavine.scheduler.run_state import Inflight, Submit
     from datavine.scheduler.topology import Target

@@ -12,10 +12,10 @@ size) <= 1.2.
     .venv/bin/python benchmarks/environment.py [--rounds 3] [--no-stage] [--full]
         [--compression zstd] [--workers 4 8] [--taskvine-defaults] [--tune NAME=VALUE ...]
 
-By default the manager gets ``runtime.MANAGER_TUNES`` (what datavine's runtime applies);
+By default the manager gets ``taskvine_port.MANAGER_TUNES`` (what datavine's runtime applies);
 ``--taskvine-defaults`` leaves TaskVine's own settings. By default one worker fetches the
 tarball alone before the other tasks are submitted, as datavine's runtime does
-(``Runtime._stage_environment``); ``--no-stage`` shows TaskVine's race without it.
+(``DatavineLibrary._stage_environment``); ``--no-stage`` shows TaskVine's race without it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from datavine.manager.environment import (
     pack_environment,
     use_environment,
 )
-from datavine.manager.runtime import MANAGER_TUNES
+from datavine.manager.taskvine_port import MANAGER_TUNES
 
 REPO = Path(__file__).resolve().parents[1]
 SLIM = ("datavine", "numpy", "cloudpickle", "awkward", "uproot", "dask")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up everything the tests need, then run them on both dask lines, as root:
+# Set up everything the tests need, type-check, then run the tests on both dask lines, as root:
 #
 #   bash scripts/test.sh [PYTEST-ARGS...]      e.g.  bash scripts/test.sh -x -m "not slow"
 #
@@ -7,12 +7,14 @@
 #    dask-awkward, dict graphs), TaskVine built into build/cctools, the XRootD servers for
 #    the XCache testbed and the personal HTCondor pool (a trixie chroot); then coffea's
 #    NanoAOD samples. Every step reuses what is already there.
-# 2. pytest in .venv: the whole suite. The condor tests start the personal HTCondor pool
+# 2. mypy in .venv (scripts/typecheck.sh: pyproject.toml's [tool.mypy], the whole package,
+#    scheduler/worker/protocol strictly).
+# 3. pytest in .venv: the whole suite. The condor tests start the personal HTCondor pool
 #    themselves (tests/fixtures_condor.py) and stop it again at the end of the session.
-# 3. pytest in .venv-legacy: the tests that matter for classic dict graphs
+# 4. pytest in .venv-legacy: the tests that matter for classic dict graphs
 #    (test_runtime, test_graph, test_dask_awkward, test_auth, and test_coffea_shards for
 #    coffea's dask path through the XCache shards).
-# Both runs always happen; the exit code is non-zero if either failed.
+# All three always happen; the exit code is non-zero if any failed.
 # Each pytest run is bounded (a hung test must not hold CI for hours): after
 # DATAVINE_TEST_TIMEOUT seconds (default 1200 for .venv, 600 for .venv-legacy) it gets
 # SIGINT, so pytest prints where it was and tears its fixtures down; SIGKILL 60 s later.
@@ -55,9 +57,20 @@ run_pytest() {  # run_pytest VENV LIMIT_S ARGS...
   return $rc
 }
 
+run_mypy() {  # run_mypy VENV
+  local venv=$1 started=$SECONDS
+  log "mypy in $venv: src/datavine"
+  DATAVINE_PYTHON="$venv/bin/python" bash scripts/typecheck.sh
+  local rc=$?
+  log "mypy in $venv: exit $rc after $(( SECONDS - started )) s"
+  return $rc
+}
+
+run_mypy .venv; rc_mypy=$?
 run_pytest .venv "${DATAVINE_TEST_TIMEOUT:-1200}" "$@"; rc_main=$?
 run_pytest .venv-legacy "${DATAVINE_TEST_TIMEOUT:-600}" "${LEGACY_TESTS[@]}" "$@"
 rc_legacy=$?
 
-log "done in $(( $(date +%s) - t0 )) s: .venv exit $rc_main, .venv-legacy exit $rc_legacy"
-[ "$rc_main" = 0 ] && [ "$rc_legacy" = 0 ]
+log "done in $(( $(date +%s) - t0 )) s: mypy exit $rc_mypy, .venv exit $rc_main," \
+  ".venv-legacy exit $rc_legacy"
+[ "$rc_mypy" = 0 ] && [ "$rc_main" = 0 ] && [ "$rc_legacy" = 0 ]

@@ -36,9 +36,9 @@ from datavine.dashboard.model import (
     spread,
 )
 from datavine.manager.execution import GraphRun
+from datavine.protocol import Status
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.summary import RunSummary
-from datavine.worker import remote
 from tests.fake_runtime import FakeRuntime
 
 SHARDS = {"xc-a": {"rack": "A", "host": "a1.box"}, "xc-b": {"rack": "B", "host": "b1.box"}}
@@ -179,8 +179,8 @@ def test_bytes_per_shard_by_nearness() -> None:
     assert totals[INTER_RACK] == [0.0, pytest.approx(0.001)]  # and xc-b across racks
     assert totals[ON_HOST] == [0.0, 0.0]
     assert run is not None and (run.near_bytes, run.far_bytes) == (4_000_000, 1_000_000)
-    columns = cols.throughput_columns(run)
-    assert columns["servers"]["server"] == ["xc-a", "xc-b"]
+    columns, servers = cols.throughput_columns(run)
+    assert servers["server"] == ["xc-a", "xc-b"]
     gbps_seconds = sum(columns["total"]) * run.bins.width
     assert gbps_seconds == pytest.approx(5_000_000 * 8 / 1e9)  # every byte in some bin
 
@@ -276,7 +276,7 @@ def test_retries_appear_as_outcomes(tmp_path: Path) -> None:
         if n == 2:
             return "lost"
         if n == 3:
-            return {"status": remote.STATUS_INPUT, "server": "xc-a", "message": "EIO"}
+            return {"status": Status.INPUT, "server": "xc-a", "message": "EIO"}
         return None
 
     rt, board, path = fake_run(tmp_path, script)

@@ -272,10 +272,11 @@ def test_tasks_and_a_library_run_inside_the_shipped_environment(
         use_environment(task, env)
         manager.submit(task)
 
-    # As the runtime does (Runtime._stage_environment): one worker holds the tarball before
-    # the others ask, so they fetch it from that peer. Sent to all at once, TaskVine counts
-    # the tarball as held before the first worker stored it, a peer fetch fails and the
-    # manager sends a second copy (2x egress in some runs: benchmarks/README, environment).
+    # As the runtime does (DatavineLibrary._stage_environment): one worker holds the
+    # tarball before the others ask, so they fetch it from that peer. Sent to all at once,
+    # TaskVine counts the tarball as held before the first worker stored it, a peer fetch
+    # fails and the manager sends a second copy (2x egress in some runs: benchmarks/README,
+    # environment).
     probe(0)
     done = wait_all(manager, 1)
     probe(1)

@@ -109,12 +109,13 @@ def test_bad_input_file_is_named_and_not_retried(kind: str, tmp_path: Path) -> N
 @pytest.mark.xcache
 def test_shard_stopped_mid_run(xcache_tools: None, xcache_data: Path) -> None:
     """On a testbed of its own (the session's testbed keeps its caches for other tests)."""
+    from datavine.apps.testbed import SMALL_EVENTS, small_lfns
     from datavine.io.xcache.testbed import XCacheTestbed
-    from tests.fixtures_xcache import N_EVENTS, RACKS, xcache_lfns
+    from tests.fixtures_xcache import RACKS
 
-    lfns = xcache_lfns()
+    lfns = small_lfns()  # what xcache_data holds, as the fault benchmark writes them
     with XCacheTestbed(xcache_data, n_shards=len(RACKS), racks=RACKS) as testbed:
-        result = faults.shard_stopped(testbed, lfns, N_EVENTS * len(lfns))
+        result = faults.shard_stopped(testbed, lfns, SMALL_EVENTS * len(lfns))
     check(result)
     assert "failovers" in result.outcome and "FAILED" not in result.outcome
 

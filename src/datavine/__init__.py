@@ -10,7 +10,27 @@ The public entry points::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
+    from datavine.config import LocalWorkersConfig, ManagerConfig, RunConfig
+    from datavine.errors import (
+        BundleFailedError,
+        ConfigError,
+        DatavineError,
+        LibraryFailedError,
+        MemoryCapError,
+        NoWorkersError,
+        RemoteTaskError,
+        RunTimeoutError,
+        TaskLoadError,
+        TaskTimeLimitError,
+    )
+    from datavine.io.reading import open_input
+    from datavine.io.shards import ShardMap
+    from datavine.manager.cluster import Cluster, LocalCluster
+    from datavine.scheduler.memory import MemoryPolicy
+    from datavine.scheduler.placement import PlacementPolicy
 
 # Public names and the modules that define them, imported on first use (PEP 562): a worker's
 # library, the reaper and ``python -m datavine.<module>`` import only what they need.
@@ -37,7 +57,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'datavine' has no attribute {name!r}")

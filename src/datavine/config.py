@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from datavine.errors import ConfigError
 from datavine.scheduler.memory import MemoryPolicy
@@ -52,6 +52,13 @@ class ManagerConfig:
             keep-alive checks and its timeout for a reply are tuned from it; its own
             defaults (a 900 s keep-alive, a 3600 s reply timeout during which the manager
             answers no one) would freeze a run.
+        debug_log: keep TaskVine's full debug log (``vine-logs/debug`` in the run's info
+            folder: every message to and from every worker). TaskVine turns it on, all
+            flags, for every manager; formatting and writing it was the largest single
+            item of the manager's CPU per bundle that does not grow with the workers (see
+            ``benchmarks/README.md``, "manager profile"), so datavine keeps only TaskVine's
+            notices and errors there unless this is set (to diagnose TaskVine itself).
+            cctools' debug flags are process-wide: the manager created last decides.
     """
 
     port: int = 0
@@ -62,6 +69,7 @@ class ManagerConfig:
     run_dir: Path = Path("runs/manager")
     name: str | None = None
     worker_timeout_s: float = 15.0
+    debug_log: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -188,8 +196,35 @@ class RunConfig:
             raise ConfigError("RunConfig.max_library_failures must be >= 1, got "
                               f"{self.max_library_failures}")
 
-    def replace(self, **changes: object) -> RunConfig:
+    def replace(self, **changes: Unpack[RunChanges]) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+class RunChanges(TypedDict, total=False):
+    """The fields :meth:`RunConfig.replace` may change, each with its type (every field of
+    :class:`RunConfig`; ``tests/test_typing.py`` checks that they stay the same)."""
+
+    max_retries: int
+    no_worker_timeout_s: float
+    timeout_s: float | None
+    max_bundle_tasks: int
+    target_bundle_s: float
+    bundles_per_slot: int
+    wait_s: float
+    progress: bool
+    memory: MemoryPolicy | None
+    placement: PlacementPolicy | None
+    shardmap: ShardMap | None
+    racks: RackMap | None
+    preload: tuple[str, ...]
+    pickle_by_value: tuple[str, ...]
+    max_library_failures: int
+    time_limits: Mapping[str, float]
+    task_time_limit_s: float | None
+    keep_on_workers: bool
+    inline_max_bytes: int
+    library_start_timeout_s: float
+    library_from_peers: bool
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar, Unpack
 
 from datavine.deploy.sessions import (
     kill_session,
@@ -35,6 +35,14 @@ from datavine.deploy.sessions import (
     session_pids,
     signal_session,
 )
+
+if TYPE_CHECKING:
+    from datavine.config import RunChanges
+    from datavine.io.xcache.testbed import XCacheTestbed
+    from datavine.manager.cluster import Cluster, LocalCluster
+
+Graph = dict[Hashable, tuple[object, ...]]  # a classic dask graph: key -> (function, *args)
+T = TypeVar("T")
 
 TASKS, NAP_S, WORKERS = 30, 0.3, 3  # the workload: ~3 s of work on 3 workers
 FAULT_AT_S = 1.0  # into the run
@@ -86,10 +94,10 @@ def read_entries(path: str) -> int:
 
 
 def nap_graph(n: int = TASKS, seconds: float = NAP_S,
-              fn: Callable[[int, float], int] = nap) -> tuple[dict[Any, Any], int]:
+              fn: Callable[[int, float], int] = nap) -> tuple[Graph, int]:
     """``n`` tasks and their sum: (graph with output key "total", the expected total)."""
     keys = [(f"fault-{fn.__name__}", i) for i in range(n)]
-    graph: dict[Any, Any] = {k: (fn, k[1], seconds) for k in keys}
+    graph: Graph = {k: (fn, k[1], seconds) for k in keys}
     graph["total"] = (sum, keys)
     return graph, n * (n - 1) // 2
 
@@ -152,10 +160,11 @@ def private_tmp() -> Iterator[Path]:
         tempfile.tempdir = before
 
 
-def in_cluster(name: str, inject: Callable[[Any], None] | None, *, expect: type | None = None,
-               naming: str | None = None, graph: tuple[dict[Any, Any], int] | None = None,
-               workers: int = WORKERS, after: Callable[[Any], str] | None = None,
-               **run: Any) -> FaultResult:
+def in_cluster(name: str, inject: Callable[[LocalCluster], None] | None, *,
+               expect: type[BaseException] | None = None, naming: str | None = None,
+               graph: tuple[Graph, int] | None = None, workers: int = WORKERS,
+               after: Callable[[LocalCluster], str] | None = None,
+               **run: Unpack[RunChanges]) -> FaultResult:
     """Run the workload on a fresh LocalCluster while ``inject(cluster)`` strikes
     ``FAULT_AT_S`` into the run. Recovered: the result is right (or ``expect`` was raised,
     its message and notes containing ``naming``) and ``after`` (a check on the still-open
@@ -168,7 +177,7 @@ def in_cluster(name: str, inject: Callable[[Any], None] | None, *, expect: type 
     with private_tmp() as tmp:
         sids: set[int] = set()
         outcome, ok = "", False
-        strike: Strike | None = None
+        strike: Strike[LocalCluster] | None = None
         t0 = time.monotonic()
         try:
             with datavine.LocalCluster(workers=workers, cores=1,
@@ -191,6 +200,7 @@ def in_cluster(name: str, inject: Callable[[Any], None] | None, *, expect: type 
                         "" if ok else f"; FAILED: the error does not name {naming}")
                 seconds = time.monotonic() - t0
                 summary = cluster.last_summary
+                assert summary is not None  # every run leaves one
                 outcome += f"; {summary.retries} retries"
                 if after is not None:
                     note = after(cluster)
@@ -213,24 +223,24 @@ class FaultNotInjected(Exception):
     """The fault's target was not there: nothing was injected, so nothing was shown."""
 
 
-class Strike:
+class Strike(Generic[T]):
     """Runs ``inject(target)`` once ``FAULT_AT_S`` into a run and remembers whether it struck:
     ``injected`` is True once it returned, False if it raised or never ran."""
 
-    def __init__(self, inject: Callable[[Any], Any], target: Any) -> None:
+    def __init__(self, inject: Callable[[T], object], target: T) -> None:
         self.injected = False
         self.why = "the run ended before the fault was due"
         self._timer = threading.Timer(FAULT_AT_S, self._strike, (inject, target))
         self._timer.daemon = True
 
-    def _strike(self, inject: Callable[[Any], Any], target: Any) -> None:
+    def _strike(self, inject: Callable[[T], object], target: T) -> None:
         try:
             inject(target)
             self.injected = True
         except Exception as exc:  # a timer thread must not raise: reported in the result
             self.why = f"{type(exc).__name__}: {exc}"
 
-    def start(self) -> Strike:
+    def start(self) -> Strike[T]:
         self._timer.start()
         return self
 
@@ -249,23 +259,24 @@ def wait_until_quiet(sids: set[int], timeout_s: float = CLEAN_BOUND_S) -> None:
         wait_until(lambda: not live_in_sessions(sids), timeout_s, "cleanup")
 
 
-def _worker0(cluster: Any) -> int:
+def _worker0(cluster: LocalCluster) -> int:
+    assert cluster.workers is not None  # started
     return int(cluster.workers.procs[0].pid)
 
 
-def kill_worker_alone(cluster: Any) -> None:
+def kill_worker_alone(cluster: LocalCluster) -> None:
     os.kill(_worker0(cluster), signal.SIGKILL)  # its transfer server and library live on
 
 
-def kill_worker_session(cluster: Any) -> None:
+def kill_worker_session(cluster: LocalCluster) -> None:
     kill_session(_worker0(cluster))
 
 
-def freeze_worker(cluster: Any) -> None:
+def freeze_worker(cluster: LocalCluster) -> None:
     signal_session(_worker0(cluster), signal.SIGSTOP)  # a node that stops answering
 
 
-def kill_library(cluster: Any) -> None:
+def kill_library(cluster: LocalCluster) -> None:
     libraries, _ = library_pids(_worker0(cluster))
     if not libraries:
         raise FaultNotInjected("no library process under worker 0")
@@ -273,7 +284,7 @@ def kill_library(cluster: Any) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def kill_capped_child(cluster: Any) -> None:
+def kill_capped_child(cluster: LocalCluster) -> None:
     _, children = library_pids(_worker0(cluster))
     if not children:
         raise FaultNotInjected("no capped child under worker 0's library")
@@ -281,7 +292,7 @@ def kill_capped_child(cluster: Any) -> None:
         os.kill(pid, signal.SIGKILL)  # what the kernel's OOM killer does
 
 
-def next_run_check(cluster: Any) -> str:
+def next_run_check(cluster: Cluster) -> str:
     """After a failed run: does a trivial run on the same cluster answer at once?"""
     t0 = time.monotonic()
     (value,) = cluster.get({"after": (nap, 7, 0.0)}, ["after"])
@@ -316,11 +327,12 @@ def bad_file(kind: str, directory: Path) -> FaultResult:
     path = directory / f"{kind}.root"
     if kind == "corrupt":
         path.write_bytes(b"root\0" + os.urandom(4096))
-    graph = ({"total": (read_entries, str(path))}, -1)
+    graph: tuple[Graph, int] = ({"total": (read_entries, str(path))}, -1)
     expect = FileNotFoundError if kind == "missing" else Exception
 
-    def named(cluster: Any) -> str:
+    def named(cluster: Cluster) -> str:
         summary = cluster.last_summary
+        assert summary is not None  # every run leaves one
         return ("not retried" if summary.retries == 0 else
                 f"FAILED: retried {summary.retries} times")
 
@@ -418,7 +430,7 @@ def read_and_nap(path: str, seconds: float) -> int:
     return entries
 
 
-def shard_stopped(testbed: Any, lfns: list[str], expected: int) -> FaultResult:
+def shard_stopped(testbed: XCacheTestbed, lfns: list[str], expected: int) -> FaultResult:
     """Tasks read files through the testbed's shards; the busiest shard is stopped mid-run
     (and started again after). Recovered: the right total, reads failed over."""
     from collections import Counter
@@ -427,16 +439,18 @@ def shard_stopped(testbed: Any, lfns: list[str], expected: int) -> FaultResult:
     urls = [f"{testbed.origin_url}/{lfn}" for lfn in lfns]
     victim = Counter(smap.shard_for(u).name for u in urls).most_common(1)[0][0]
     index = next(s.index for s in testbed.shards if s.name == victim)
-    graph: dict[Any, Any] = {("fault-read", i): (read_and_nap, u, NAP_S * 3)
-                             for i, u in enumerate(urls)}
+    graph: Graph = {("fault-read", i): (read_and_nap, u, NAP_S * 3)
+                    for i, u in enumerate(urls)}
     graph["total"] = (sum, list(graph))
 
-    def stop(cluster: Any) -> None:
+    def stop(cluster: Cluster) -> None:
         testbed.stop_shard(index)
 
-    def failed_over(cluster: Any) -> str:
+    def failed_over(cluster: Cluster) -> str:
         testbed.start_shard(index)
-        reads = cluster.last_summary.reads
+        summary = cluster.last_summary
+        assert summary is not None  # every run leaves one
+        reads = summary.reads
         return (f"{reads.failovers} failovers" if reads.failovers else
                 "FAILED: no read failed over")
 
@@ -480,13 +494,13 @@ def condor_worker_removed(password_file: Path, pool_dir: Path | None = None) -> 
         manager = datavine.ManagerConfig(port=port, password_file=password_file,
                                          run_dir=tmp / "manager")
 
-        def remove_one(cluster: Any) -> None:
+        def remove_one(cluster: Cluster) -> None:
             jobs = condor_exec("condor_q", "-allusers", "-constraint", constraint, "-af",
                                "ClusterId", "ProcId").stdout.split("\n")
             cluster_id, proc_id = jobs[0].split()
             condor_exec("condor_rm", f"{cluster_id}.{proc_id}")
 
-        strike: Strike | None = None
+        strike: Strike[Cluster] | None = None
         try:
             with pool, datavine.Cluster(manager, datavine.RunConfig(no_worker_timeout_s=60,
                                                                     timeout_s=240),
@@ -496,8 +510,9 @@ def condor_worker_removed(password_file: Path, pool_dir: Path | None = None) -> 
                 (value,) = cluster.get(dsk, ["total"])
                 seconds = time.monotonic() - t0
                 ok = value == total
-                outcome = (f"result {'correct' if ok else 'WRONG'}; "
-                           f"{cluster.last_summary.retries} retries")
+                summary = cluster.last_summary
+                assert summary is not None  # every run leaves one
+                outcome = f"result {'correct' if ok else 'WRONG'}; {summary.retries} retries"
         except Exception as exc:
             outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         if strike is not None:

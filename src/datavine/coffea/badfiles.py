@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from datavine.io.reading import raised_in_xrootd_client
 
@@ -110,7 +109,7 @@ def exception_chain(exc: BaseException) -> Iterator[BaseException]:
             continue
         seen.add(id(current))
         yield current
-        linked: list[Any] = [current.__cause__, current.__context__]
+        linked: list[object] = [current.__cause__, current.__context__]
         linked.extend(getattr(current, "exceptions", None) or ())
         stack.extend(e for e in reversed(linked) if isinstance(e, BaseException))
 

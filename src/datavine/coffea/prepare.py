@@ -31,11 +31,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TypeGuard, TypeVar
 
 import cloudpickle
 
 from datavine.coffea.source import DatavineSource
+
+Item = TypeVar("Item")  # a coffea FileMeta or WorkItem
+T = TypeVar("T")
 
 _IMPORTABLE: dict[str, bool] = {}  # top-level module -> a fresh interpreter finds it
 _CHECK_TIMEOUT_S = 60.0
@@ -47,7 +50,7 @@ def is_local(filename: str) -> bool:
     return "://" not in filename
 
 
-def absolute_paths(items: list[Any]) -> list[Any]:
+def absolute_paths(items: Iterable[Item]) -> list[Item]:
     """``items`` with local relative filenames made absolute (``FileMeta`` in place)."""
     out = []
     for item in items:
@@ -57,12 +60,12 @@ def absolute_paths(items: list[Any]) -> list[Any]:
             if dataclasses.is_dataclass(item) and not isinstance(item, type):
                 item = dataclasses.replace(item, filename=absolute)
             else:
-                item.filename = absolute
+                setattr(item, "filename", absolute)  # noqa: B010 (any item with a filename)
         out.append(item)
     return out
 
 
-def missing_local_files(items: Iterable[Any]) -> list[tuple[int, Any]]:
+def missing_local_files(items: Iterable[Item]) -> list[tuple[int, Item]]:
     """(index, item) of the items whose local file does not exist on this machine."""
     missing = []
     for i, item in enumerate(items):
@@ -80,12 +83,12 @@ class _ModuleRecorder(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.modules: set[str] = set()
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> object:
         self.modules.add(module)
         found = super().find_class(module, name)
         if module.startswith("cloudpickle") and name == "subimport":
             # a module object a by-value function uses: pickled as subimport("name")
-            def subimport(module_name: str) -> Any:
+            def subimport(module_name: str) -> object:
                 self.modules.add(module_name)
                 return found(module_name)
 
@@ -93,7 +96,7 @@ class _ModuleRecorder(pickle.Unpickler):
         return found
 
 
-def referenced_modules(blob: bytes) -> tuple[Any, set[str]]:
+def referenced_modules(blob: bytes) -> tuple[object, set[str]]:
     """Unpickle ``blob``; returns the object and the modules its globals come from."""
     recorder = _ModuleRecorder(blob)
     value = recorder.load()
@@ -148,7 +151,7 @@ def by_value_modules() -> set[str]:
     return set(getattr(impl, "_PICKLE_BY_VALUE_MODULES", ()))
 
 
-def ship_code(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], list[str]]:
+def ship_code(function: Callable[[Item], T]) -> tuple[Callable[[Item], T], list[str]]:
     """``function`` ready to travel: modules the workers lack are sent by value. Returns the
     function (with coffea's processor pickled again when that changed it) and the modules
     this call registered."""
@@ -177,7 +180,7 @@ def ship_code(function: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], lis
     return _rebind(function, processor_instance=repickled), registered
 
 
-def with_datavine_reads(function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def with_datavine_reads(function: Callable[[Item], T]) -> Callable[[Item], T]:
     """coffea's work or metadata function with ``handler=DatavineSource`` in its uproot
     options (unless a handler is set there already); any other function as is."""
     if _is_coffea(function, _WORK_FUNCTION):
@@ -198,13 +201,14 @@ def with_datavine_reads(function: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return function
 
 
-def _is_coffea(function: Any, name: str) -> bool:
+def _is_coffea(function: object, name: str) -> TypeGuard[functools.partial[object]]:
+    """Whether ``function`` is coffea's function ``name`` with arguments bound."""
     return (isinstance(function, functools.partial)
             and getattr(function.func, "__name__", "") == name
             and getattr(function.func, "__module__", "").startswith("coffea."))
 
 
-def _rebind(function: functools.partial[Any], **keywords: Any) -> functools.partial[Any]:
+def _rebind(function: functools.partial[T], **keywords: object) -> functools.partial[T]:
     return functools.partial(function.func, *function.args, **{**function.keywords,
                                                                 **keywords})
 

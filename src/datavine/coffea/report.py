@@ -9,10 +9,13 @@ calls of every ``Runner`` call made with it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from datavine.coffea.splitting import Split
 from datavine.coffea.tasks import ItemFailure
+
+if TYPE_CHECKING:
+    from datavine.scheduler.summary import RunSummary
 
 
 class PartialResultWarning(UserWarning):
@@ -34,7 +37,7 @@ class CallRecord:
     failed: list[ItemFailure] = field(default_factory=list)
     wall_s: float = 0.0
     error: str | None = None
-    summary: Any = None
+    summary: RunSummary | None = None
     splits: list[Split] = field(default_factory=list)
     shipped_by_value: list[str] = field(default_factory=list)
     interrupted: str | None = None  # what finished, when Ctrl-C stopped the call

@@ -18,9 +18,12 @@ import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from datavine.deploy.reaper import temporary_directory
+
+if TYPE_CHECKING:
+    from datavine.manager.cluster import Cluster
 
 
 class EmbeddedCluster:
@@ -28,16 +31,16 @@ class EmbeddedCluster:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cluster: Any = None
+        self._cluster: Cluster | None = None
         self._finalizer: weakref.finalize | None = None
         self.starts = 0  # how many clusters this holder started (tests, reports)
 
     @property
-    def cluster(self) -> Any:
+    def cluster(self) -> Cluster | None:
         """The running cluster, or None."""
         return self._cluster
 
-    def get(self, make: Callable[[Path], Any]) -> Any:
+    def get(self, make: Callable[[Path], Cluster]) -> Cluster:
         """The running cluster; ``make(run_dir)`` builds one (not started) when there is none."""
         with self._lock:
             if self._cluster is None:

@@ -27,8 +27,6 @@ sets it for ``Runner`` work items itself. Imported on workers.
 
 from __future__ import annotations
 
-from typing import Any
-
 import uproot
 
 from datavine.io.reading import open_source
@@ -41,5 +39,5 @@ class DatavineSource(uproot.source.chunk.Source):
     """uproot handler: ``DatavineSource(path, **options)`` is the source of the server that
     should serve ``path`` now (see the module docstring); never an instance of this class."""
 
-    def __new__(cls, file_path: str, **options: Any) -> Any:
+    def __new__(cls, file_path: str, **options: object) -> uproot.source.chunk.Source:
         return open_source(str(file_path), **options)

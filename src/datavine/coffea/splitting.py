@@ -12,10 +12,13 @@ no I/O; the executor runs the new items.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from datavine.errors import MemoryCapError
+
+Item = TypeVar("Item")  # a coffea WorkItem (a dataclass with an entry range)
 
 
 @dataclass(frozen=True)
@@ -33,24 +36,25 @@ class Split:
                 + ", ".join(self.items[:4]) + (" ..." if len(self.items) > 4 else ""))
 
 
-def label(item: Any) -> str:
+def label(item: object) -> str:
     return (f"{getattr(item, 'dataset', '?')}:{getattr(item, 'filename', '?')}"
             f"[{getattr(item, 'entrystart', '?')}:{getattr(item, 'entrystop', '?')}]")
 
 
-def halves(item: Any, min_entries: int) -> tuple[Any, Any] | None:
+def halves(item: Item, min_entries: int) -> tuple[Item, Item] | None:
     """The two halves of a ``WorkItem`` by entry range, or None when a half would have
     fewer than ``min_entries`` entries (or ``item`` has no entry range)."""
     start, stop = getattr(item, "entrystart", None), getattr(item, "entrystop", None)
     if not isinstance(start, int) or not isinstance(stop, int):
         return None
-    if not dataclasses.is_dataclass(item) or stop - start < 2 * max(1, min_entries):
+    if (not dataclasses.is_dataclass(item) or isinstance(item, type)
+            or stop - start < 2 * max(1, min_entries)):
         return None
     mid = start + (stop - start) // 2
     return dataclasses.replace(item, entrystop=mid), dataclasses.replace(item, entrystart=mid)
 
 
-def item_indices(keys: list[Any], graph: dict[Any, Any]) -> list[int]:
+def item_indices(keys: Sequence[Hashable], graph: Mapping[Hashable, object]) -> list[int]:
     """Positions (in the call's item list) of the item tasks among ``keys``."""
     out = []
     for key in keys:
@@ -60,15 +64,15 @@ def item_indices(keys: list[Any], graph: dict[Any, Any]) -> list[int]:
     return sorted(set(out))
 
 
-def split_failed_items(items: list[Any], graph: dict[Any, Any], exc: MemoryCapError,
-                       min_entries: int) -> tuple[list[Any], Split]:
+def split_failed_items(items: Sequence[Item], graph: Mapping[Hashable, object],
+                       exc: MemoryCapError, min_entries: int) -> tuple[list[Item], Split]:
     """``items`` with those named by ``exc`` replaced by their halves; re-raises ``exc``
     (with a note saying why) when there is no item to split or one cannot be split."""
     indices = item_indices(list(exc.keys), graph)
     if not indices:
         exc.add_note("datavine: no coffea work item among these tasks to split")
         raise exc
-    replaced: dict[int, tuple[Any, Any]] = {}
+    replaced: dict[int, tuple[Item, Item]] = {}
     for i in indices:
         pair = halves(items[i], min_entries)
         if pair is None:
@@ -77,7 +81,7 @@ def split_failed_items(items: list[Any], graph: dict[Any, Any], exc: MemoryCapEr
                          "memory ceiling (MemoryPolicy.ceiling_mb) or use smaller chunks")
             raise exc
         replaced[i] = pair
-    out: list[Any] = []
+    out: list[Item] = []
     for i, item in enumerate(items):
         out.extend(replaced.get(i, (item,)))
     split = Split(tuple(label(items[i]) for i in indices), exc.category, exc.peak_mb,

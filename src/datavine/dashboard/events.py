@@ -12,8 +12,10 @@ The live view's server tails the file (:class:`Tail`); the saved report reads it
 (:func:`read_events`). :class:`NullSink` does nothing (no view).
 
 Records are dicts with ``k`` (the kind) and ``t`` (``time.time()``); the kinds and their
-fields are the ``*_record`` functions below, and :mod:`datavine.dashboard.model` folds them.
-Standard library (and :mod:`datavine.io.shards`) only: the manager imports it in every run.
+fields are the ``*_record`` functions below (their shapes: :mod:`datavine.dashboard.records`),
+and :mod:`datavine.dashboard.model` folds them.
+Standard library (and :mod:`datavine.io.shards`, :mod:`datavine.dashboard.records`: types
+only) only: the manager imports it in every run.
 """
 
 from __future__ import annotations
@@ -25,14 +27,27 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
+from datavine.dashboard.records import (
+    DoneRecord,
+    EndRecord,
+    PoolRecord,
+    PoolWorker,
+    Read,
+    Record,
+    RunRecord,
+    SentRecord,
+    ShardPlace,
+)
 from datavine.io.shards import logical_name
 from datavine.io.tail import LineTail
 
 if TYPE_CHECKING:
-    from datavine.manager.runtime import Finished
+    from datavine.io.shards import ShardMap
+    from datavine.manager.port import Finished
     from datavine.scheduler.graph import TaskGraph
+    from datavine.scheduler.network import LibraryState
     from datavine.scheduler.run_state import Inflight, PoolSample, Submit
     from datavine.scheduler.summary import RunSummary
     from datavine.scheduler.topology import KnownWorker
@@ -48,7 +63,7 @@ class NullSink:
     enabled = False
 
     def run_started(self, graph: TaskGraph, files_of: Callable[[Hashable], tuple[str, ...]],
-                    shardmap: Any) -> None:
+                    shardmap: ShardMap | None) -> None:
         """A run of ``graph`` starts; ``files_of(key)``: the files a task reads."""
 
     def sent(self, ins: Submit, entry: Inflight | None) -> None:
@@ -69,7 +84,8 @@ class NullSink:
     def local_processes(self, pids: Mapping[str, int]) -> None:
         """PIDs of the workers started on this host (their memory and CPU are read there)."""
 
-    def pool_now(self, workers: Iterable[KnownWorker], libraries: Mapping[str, Any]) -> None:
+    def pool_now(self, workers: Iterable[KnownWorker],
+                 libraries: Mapping[str, LibraryState]) -> None:
         """The pool outside a run (after the cluster started): workers and libraries."""
 
     def close(self) -> None:
@@ -101,7 +117,7 @@ class EventSink(NullSink):
 
     # --- the driver's calls -------------------------------------------------------------------
     def run_started(self, graph: TaskGraph, files_of: Callable[[Hashable], tuple[str, ...]],
-                    shardmap: Any) -> None:
+                    shardmap: ShardMap | None) -> None:
         self._runs += 1
         self._tasks.clear()
         self.emit(run_record(self._runs, len(graph), file_tasks(graph.nodes, files_of),
@@ -124,7 +140,8 @@ class EventSink(NullSink):
                               sample.gone, sample.lost_addr, sample.workers, sample.cores),
                   flush=True)
 
-    def pool_now(self, workers: Iterable[KnownWorker], libraries: Mapping[str, Any]) -> None:
+    def pool_now(self, workers: Iterable[KnownWorker],
+                 libraries: Mapping[str, LibraryState]) -> None:
         known = list(workers)
         self.emit(pool_record(known, libraries, {}, {}, (), (), len(known),
                               sum(w.cores for w in known)), flush=True)
@@ -140,7 +157,7 @@ class EventSink(NullSink):
         self.emit({"k": "procs", "pids": dict(pids)}, flush=True)
 
     # --- the file -------------------------------------------------------------------------------
-    def emit(self, record: dict[str, Any], *, flush: bool = False) -> None:
+    def emit(self, record: Record, *, flush: bool = False) -> None:
         """Append ``record`` (stamped with the time); written now when ``flush`` or when the
         last write is older than :data:`FLUSH_S`; nothing once closed."""
         if self._file is None:
@@ -175,15 +192,15 @@ class EventSink(NullSink):
 
 # --- records (pure) -------------------------------------------------------------------------
 def run_record(run: int, tasks: int, files: Mapping[str, int],
-               shards: Mapping[str, Mapping[str, str | None]]) -> dict[str, Any]:
+               shards: Mapping[str, ShardPlace]) -> RunRecord:
     """A run starts: ``tasks`` in all, ``files`` (logical name -> tasks reading it), the
     shards' racks and hosts."""
     return {"k": "run", "run": run, "tasks": tasks, "files": dict(files),
-            "shards": {name: dict(place) for name, place in shards.items()}}
+            "shards": {name: place.copy() for name, place in shards.items()}}
 
 
 def sent_record(call: int, tasks: int, cap_mb: float | None, worker: str | None,
-                rack: str | None, files: Iterable[str], events: int) -> dict[str, Any]:
+                rack: str | None, files: Iterable[str], events: int) -> SentRecord:
     """A bundle of ``tasks`` went out as ``call``, under ``cap_mb``, to a worker or rack
     (or anywhere), reading ``files`` (URLs or paths) and processing ``events``."""
     return {"k": "sent", "call": call, "n": tasks, "cap": cap_mb, "to": worker, "rack": rack,
@@ -191,21 +208,22 @@ def sent_record(call: int, tasks: int, cap_mb: float | None, worker: str | None,
 
 
 def done_record(call: int, tasks: int, result: Mapping[str, Any] | None, addrport: str | None,
-                failure: str = "") -> dict[str, Any]:
+                failure: str = "") -> DoneRecord:
     """A call came back: its status (``died``: its worker or library died under it), the
     worker, host and rack it ran on, seconds, memory peak and cap, each read as
     ``[file, server, rack, bytes, failovers]``, and why it did not succeed."""
     if result is None:
         return {"k": "done", "call": call, "n": tasks, "status": "died", "addr": addrport,
                 "why": failure}
-    reads = [[r.get("lfn"), str(r.get("server")), r.get("rack"), int(r.get("bytes", 0)),
-              len(r.get("errors", ()))] for r in result.get("reads", ())]
-    record = {"k": "done", "call": call, "n": tasks, "status": str(result.get("status")),
-              "worker": result.get("worker"), "host": result.get("host"),
-              "rack": result.get("rack"), "addr": addrport,
-              "wall": round(float(result.get("wall_s") or 0.0), 4),
-              "peak": round(float(result.get("peak_mb") or 0.0), 1),
-              "cap": result.get("cap_mb"), "reads": reads}
+    reads: list[Read] = [(r.get("lfn"), str(r.get("server")), r.get("rack"),
+                          int(r.get("bytes", 0)), len(r.get("errors", ())))
+                         for r in result.get("reads", ())]
+    record: DoneRecord = {
+        "k": "done", "call": call, "n": tasks, "status": str(result.get("status")),
+        "worker": result.get("worker"), "host": result.get("host"), "rack": result.get("rack"),
+        "addr": addrport, "wall": round(float(result.get("wall_s") or 0.0), 4),
+        "peak": round(float(result.get("peak_mb") or 0.0), 1), "cap": result.get("cap_mb"),
+        "reads": reads}
     if result.get("status") != "ok":
         why = str(result.get("message") or "")
         if result.get("server"):
@@ -214,12 +232,12 @@ def done_record(call: int, tasks: int, result: Mapping[str, Any] | None, addrpor
     return record
 
 
-def pool_record(workers: Iterable[KnownWorker], libraries: Mapping[str, Any],
+def pool_record(workers: Iterable[KnownWorker], libraries: Mapping[str, LibraryState],
                 where: Mapping[int, str], states: Mapping[int, str], gone: Iterable[str],
-                lost: Iterable[str], connected: int, cores: int) -> dict[str, Any]:
+                lost: Iterable[str], connected: int, cores: int) -> PoolRecord:
     """The pool: each known worker (name, address, host, rack, cores, its library's state),
     each running call's worker address, calls waiting, workers that left."""
-    rows = []
+    rows: list[PoolWorker] = []
     seen = set()
     for w in workers:
         library = libraries.get(w.addrport) if w.addrport else None
@@ -231,12 +249,12 @@ def pool_record(workers: Iterable[KnownWorker], libraries: Mapping[str, Any],
             rows.append({"id": addr, "addr": addr, "host": _host(library), "rack": None,
                          "cores": 0, "lib": _state(library)})
     queued = sum(1 for s in states.values() if s == "READY")
-    return {"k": "pool", "workers": rows, "calls": [[c, a] for c, a in where.items()],
+    return {"k": "pool", "workers": rows, "calls": list(where.items()),
             "queued": queued, "gone": sorted(gone), "lost": sorted(lost),
             "connected": connected, "cores": cores}
 
 
-def end_record(run: int, summary: RunSummary) -> dict[str, Any]:
+def end_record(run: int, summary: RunSummary) -> EndRecord:
     """The run ended: its summary's figures (what ``--json`` records)."""
     reads = summary.reads
     return {"k": "end", "run": run, "summary": {
@@ -260,14 +278,14 @@ def file_tasks(nodes: Iterable[Hashable],
     return dict(counts)
 
 
-def shard_places(shardmap: Any, here: str) -> dict[str, dict[str, str | None]]:
+def shard_places(shardmap: ShardMap | None, here: str) -> dict[str, ShardPlace]:
     """Each shard's rack and host (``{}`` without a shard map); ``here``: this host's
     name, which a shard on loopback is on."""
     if shardmap is None:
         return {}
     from datavine.scheduler.racks import normal_host, url_host
 
-    places = {}
+    places: dict[str, ShardPlace] = {}
     for s in shardmap.shards:
         host = url_host(s.url)
         places[s.name] = {"rack": s.rack, "host": normal_host(host, normal_host(here))
@@ -275,12 +293,12 @@ def shard_places(shardmap: Any, here: str) -> dict[str, dict[str, str | None]]:
     return places
 
 
-def _state(library: Any) -> str | None:
-    return getattr(library, "state", None)
+def _state(library: LibraryState | None) -> str | None:
+    return library.state if library is not None else None
 
 
-def _host(library: Any) -> str | None:
-    return getattr(library, "host", None) or None
+def _host(library: LibraryState | None) -> str | None:
+    return (library.host or None) if library is not None else None
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -295,12 +313,13 @@ class Tail:
     def path(self) -> Path:
         return self._lines.path
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[Record]:
         return list(parse(self._lines.lines()))
 
 
-def parse(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any]]:
-    """The records of ``lines`` (a line that is not a JSON object is skipped)."""
+def parse(lines: Iterable[bytes | str]) -> Iterator[Record]:
+    """The records of ``lines`` (a line that is not a JSON object with a ``k`` is skipped;
+    one is taken to have its kind's shape: the file is the sink's own)."""
     for line in lines:
         if not line.strip():
             continue
@@ -309,10 +328,10 @@ def parse(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(record, dict) and "k" in record:
-            yield record
+            yield cast("Record", record)
 
 
-def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_events(path: str | os.PathLike[str]) -> list[Record]:
     """Every record of an events file."""
     with open(path, "rb") as f:
         return list(parse(f))

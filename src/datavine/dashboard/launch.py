@@ -32,7 +32,6 @@ import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from datavine.dashboard.events import EventSink
 from datavine.deploy.reaper import reaper
@@ -235,7 +234,7 @@ def option_from_args(args: argparse.Namespace) -> bool | DashboardConfig | None:
     return None if config == DashboardConfig() else config
 
 
-def announce(cluster: Any) -> str:
+def announce(cluster: object) -> str:
     """The command's line about the live view of ``cluster``."""
     dashboard = getattr(cluster, "dashboard", None)
     if dashboard is not None:

@@ -22,10 +22,24 @@ I/O: every record carries its time.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
+from datavine.dashboard.records import (
+    DoneRecord,
+    EndRecord,
+    EndSummary,
+    HelloRecord,
+    PoolRecord,
+    ProcsRecord,
+    Read,
+    Record,
+    RunRecord,
+    SentRecord,
+    ShardPlace,
+    UsageRecord,
+)
 from datavine.scheduler.racks import normal_host
 
 WORKER_STATES = ("joining", "library starting", "busy", "idle", "lost")
@@ -119,6 +133,47 @@ class WorkerRow:
         return self.last_mb or 0.0
 
 
+class Bar(TypedDict):
+    """A bundle's bar in the task stream: its worker, seconds since the run started,
+    outcome and colour, tasks, call, memory peak and cap (NaN: not known)."""
+
+    worker: str
+    start: float
+    end: float
+    outcome: str
+    colour: str
+    tasks: int
+    call: int
+    peak_mb: float
+    cap_mb: float
+
+
+class Failure(TypedDict):
+    """A bundle that did not succeed: when, where, its outcome and why."""
+
+    at_s: float
+    worker: str
+    outcome: str
+    cause: str
+
+
+class SlowFile(TypedDict):
+    """A file among the slowest: the seconds of the bundle that read it, where from."""
+
+    file: str
+    seconds: float
+    worker: str
+    server: str
+    mb: float
+
+
+class UsageNow(TypedDict, total=False):
+    """The manager's ``[MB, % CPU]`` and this host's ``[MB used, MB, % CPU]``."""
+
+    manager: list[float]
+    host: list[float]
+
+
 @dataclass
 class Sent:
     t: float
@@ -153,7 +208,7 @@ class RunFold:
     t0: float
     tasks: int = 0
     files: dict[str, int] = field(default_factory=dict)  # logical name -> tasks reading it
-    shards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shards: dict[str, ShardPlace] = field(default_factory=dict)
     sent: dict[int, Sent] = field(default_factory=dict)  # calls in flight
     bundles_sent: int = 0
     bundles_done: int = 0  # came back ok
@@ -167,14 +222,14 @@ class RunFold:
     bytes_by_nearness: Counter[str] = field(default_factory=Counter)
     bytes_by_server: Counter[str] = field(default_factory=Counter)
     bytes_by_place: Counter[tuple[str, str]] = field(default_factory=Counter)  # (server, near)
-    stream: list[dict[str, Any]] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    slow: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stream: list[Bar] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    slow: dict[str, SlowFile] = field(default_factory=dict)
     bins: Bins = field(default_factory=Bins)
     queued: int = 0
     running: int = 0
     last_t: float = 0.0
-    end: dict[str, Any] | None = None
+    end: EndSummary | None = None
 
     @property
     def elapsed_s(self) -> float:
@@ -205,44 +260,56 @@ class Board:
         self.runs: list[RunFold] = []
         self.pids: dict[str, int] = {}  # local workers' PIDs (their memory is read here)
         self.manager_pid: int | None = None
-        self.usage: dict[str, Any] = {}  # the manager's and the host's, from the server
+        self.usage: UsageNow = {}  # the manager's and the host's, from the server
         self.last_t = 0.0
 
     @property
     def run(self) -> RunFold | None:
         return self.runs[-1] if self.runs else None
 
-    def apply_all(self, records: Iterable[Mapping[str, Any]]) -> Board:
+    def apply_all(self, records: Iterable[Record]) -> Board:
         for record in records:
             self.apply(record)
         return self
 
-    def apply(self, record: Mapping[str, Any]) -> None:
-        kind = record.get("k")
+    def apply(self, record: Record) -> None:
         t = float(record.get("t", self.last_t))
         self.last_t = max(self.last_t, t)
         if self.runs:
             self.runs[-1].last_t = max(self.runs[-1].last_t, t)
-        handler = _HANDLERS.get(str(kind))
-        if handler is not None:
-            handler(self, record, t)
+        if record["k"] == "hello":
+            self._hello(record, t)
+        elif record["k"] == "procs":
+            self._procs(record, t)
+        elif record["k"] == "run":
+            self._run(record, t)
+        elif record["k"] == "sent":
+            self._sent(record, t)
+        elif record["k"] == "done":
+            self._done(record, t)
+        elif record["k"] == "pool":
+            self._pool(record, t)
+        elif record["k"] == "end":
+            self._end(record, t)
+        elif record["k"] == "usage":
+            self._usage(record, t)
 
     # --- records --------------------------------------------------------------------------
-    def _hello(self, r: Mapping[str, Any], t: float) -> None:
+    def _hello(self, r: HelloRecord, t: float) -> None:
         self.manager_pid = r.get("pid")
 
-    def _procs(self, r: Mapping[str, Any], t: float) -> None:
+    def _procs(self, r: ProcsRecord, t: float) -> None:
         for name, pid in r.get("pids", {}).items():
             self.pids[name] = int(pid)
             self.workers.setdefault(name, WorkerRow(name))
 
-    def _run(self, r: Mapping[str, Any], t: float) -> None:
+    def _run(self, r: RunRecord, t: float) -> None:
         self.runs.append(RunFold(int(r.get("run", len(self.runs) + 1)), t,
                                  tasks=int(r.get("tasks", 0)), files=dict(r.get("files", {})),
                                  shards=dict(r.get("shards", {})), bins=Bins(self.bin_s),
                                  last_t=t))
 
-    def _sent(self, r: Mapping[str, Any], t: float) -> None:
+    def _sent(self, r: SentRecord, t: float) -> None:
         run = self.run
         if run is None:
             return
@@ -252,7 +319,7 @@ class Board:
         run.bundles_sent += 1
         run.events_expected += events
 
-    def _done(self, r: Mapping[str, Any], t: float) -> None:
+    def _done(self, r: DoneRecord, t: float) -> None:
         run = self.run
         if run is None:
             return
@@ -299,12 +366,13 @@ class Board:
                 run.file_done[f] += 1
         self._reads(run, row, r, reads, start, end, wall)
 
-    def _reads(self, run: RunFold, row: WorkerRow, r: Mapping[str, Any], reads: list[Any],
+    def _reads(self, run: RunFold, row: WorkerRow, r: DoneRecord, reads: list[Read],
                start: float, end: float, wall: float) -> None:
         bins = run.bins
         for lfn, server, rack, nbytes, _ in reads:
-            shard = run.shards.get(server, {})
-            near = nearness(server, rack, r.get("rack"), r.get("host"), shard.get("host"))
+            shard = run.shards.get(server)
+            near = nearness(server, rack, r.get("rack"), r.get("host"),
+                            shard.get("host") if shard is not None else None)
             run.bytes_by_nearness[near] += nbytes
             run.bytes_by_server[server] += nbytes
             run.bytes_by_place[server, near] += nbytes
@@ -318,17 +386,17 @@ class Board:
             keep = sorted(run.slow.values(), key=lambda s: -s["seconds"])[:SLOWEST]
             run.slow = {s["file"]: s for s in keep}
 
-    def _pool(self, r: Mapping[str, Any], t: float) -> None:
+    def _pool(self, r: PoolRecord, t: float) -> None:
         run = self.run
         calls = r.get("calls", [])
         running = Counter(addr for _, addr in calls)
         caps: dict[str, float] = {}
         if run is not None:
             run.queued, run.running = int(r.get("queued", 0)), len(calls)
-            for call, addr in calls:
+            for call, where in calls:
                 sent = run.sent.get(int(call))
                 if sent is not None and sent.cap_mb is not None:
-                    caps[addr] = max(caps.get(addr, 0.0), float(sent.cap_mb))
+                    caps[where] = max(caps.get(where, 0.0), float(sent.cap_mb))
         present = set()
         for w in r.get("workers", []):
             row = self.workers.setdefault(str(w["id"]), WorkerRow(str(w["id"])))
@@ -353,24 +421,30 @@ class Board:
             if row.id in lost or (row.id not in present and row.state != "joining"):
                 row.state, row.running = "lost", 0
 
-    def _end(self, r: Mapping[str, Any], t: float) -> None:
+    def _end(self, r: EndRecord, t: float) -> None:
         run = self.run
         if run is not None:
-            run.end = dict(r.get("summary", {}))
+            summary: EndSummary = r.get("summary", {})
+            run.end = summary.copy()
             run.running = run.queued = 0
         for row in self.workers.values():
             if row.state == "busy":
                 row.state, row.running = "idle", 0
 
-    def _usage(self, r: Mapping[str, Any], t: float) -> None:
+    def _usage(self, r: UsageRecord, t: float) -> None:
         """Memory and CPU read on this host (:mod:`datavine.dashboard.procs`)."""
         for name, (mem_mb, cpu) in r.get("workers", {}).items():
             row = self.workers.get(name)
             if row is not None:
                 row.mem_mb, row.cpu = mem_mb, cpu
-        self.usage = {k: r[k] for k in ("manager", "host") if k in r}
+        usage: UsageNow = {}
+        if "manager" in r:
+            usage["manager"] = r["manager"]
+        if "host" in r:
+            usage["host"] = r["host"]
+        self.usage = usage
 
-    def _worker_of(self, r: Mapping[str, Any]) -> WorkerRow:
+    def _worker_of(self, r: DoneRecord) -> WorkerRow:
         addr = r.get("addr")
         wid = r.get("worker") or (self.by_addr.get(addr) if addr else None) or addr or "?"
         row = self.workers.setdefault(str(wid), WorkerRow(str(wid)))
@@ -382,8 +456,3 @@ class Board:
         if row.state == "joining":  # it ran a bundle: connected
             row.state = "idle"
         return row
-
-
-_HANDLERS = {"hello": Board._hello, "procs": Board._procs, "run": Board._run,
-             "sent": Board._sent, "done": Board._done, "pool": Board._pool,
-             "end": Board._end, "usage": Board._usage}

@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 import psutil
+
+from datavine.dashboard.records import UsageRecord
 
 EVERY_S = 1.5  # under the pages' refresh (2 s): each update brings new figures
 MB = 2**20
@@ -34,7 +35,7 @@ class Usage:
         self._procs: dict[int, psutil.Process] = {}
         psutil.cpu_percent(None)  # the first call starts the host's CPU measure
 
-    def record(self, workers: Mapping[str, int], manager: int | None) -> dict[str, Any] | None:
+    def record(self, workers: Mapping[str, int], manager: int | None) -> UsageRecord | None:
         """A ``usage`` record, or None when the last is younger than ``every_s``."""
         now = self.clock()
         if now - self.last < self.every_s:
@@ -42,7 +43,8 @@ class Usage:
         self.last = now
         children = _children()
         seen: set[int] = set()
-        out: dict[str, Any] = {"k": "usage", "t": round(time.time(), 3), "workers": {}}
+        out: UsageRecord = {"k": "usage", "t": round(time.time(), 3), "workers": {},
+                            "host": []}
         for name, pid in workers.items():
             figures = self._tree(pid, children, seen)
             if figures is not None:

@@ -13,20 +13,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from datavine.dashboard.events import read_events
 from datavine.dashboard.model import Board
+from datavine.dashboard.records import Record
 
 
-def board_of(records: Iterable[Mapping[str, Any]], run: int | None = None) -> Board:
+def board_of(records: Iterable[Record], run: int | None = None) -> Board:
     """The board after ``records``; ``run``: stop after that run's last record (default:
     all, so the board shows the last run)."""
     board = Board()
     for record in records:
-        if run is not None and record.get("k") == "run" and int(record.get("run", 0)) > run:
+        if run is not None and record["k"] == "run" and int(record.get("run", 0)) > run:
             break
         board.apply(record)
     return board

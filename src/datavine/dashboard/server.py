@@ -27,12 +27,17 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from datavine.dashboard.events import Tail
 from datavine.dashboard.model import Board
+
+if TYPE_CHECKING:
+    from bokeh.document import Document
+
+    from datavine.dashboard.procs import Usage
 
 TOKEN_ENV = "DATAVINE_DASHBOARD_TOKEN"
 POLL_MS = 500
@@ -63,7 +68,7 @@ class Feed:
     def __init__(self, events: Path) -> None:
         self.tail = Tail(events)
         self.board = Board()
-        self.usage: Any = None  # datavine.dashboard.procs.Usage, made at the first page
+        self.usage: Usage | None = None  # made at the first page
 
     def refresh(self) -> None:
         for record in self.tail.read():
@@ -80,11 +85,12 @@ class Feed:
             self.board.apply(record)
 
 
-def application(feed: Feed, title: str, refresh_s: float = REFRESH_S) -> Any:
+def application(feed: Feed, title: str,
+                refresh_s: float = REFRESH_S) -> Callable[[Document], None]:
     """The Bokeh app: one document per browser session, updated from ``feed``."""
     from datavine.dashboard.views import build
 
-    def make_document(doc: Any) -> None:
+    def make_document(doc: Document) -> None:
         feed.refresh()
         feed.sample()  # the first look starts the CPU measures: the next update has figures
         page = build(feed.board, title=title)

@@ -15,28 +15,35 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bokeh.layouts import row
 from bokeh.models import (
     ColumnDataSource,
     DataRange1d,
-    DataTable,
-    Div,
     FactorRange,
     HoverTool,
+    LayoutDOM,
     LinearAxis,
-    NumberFormatter,
     NumeralTickFormatter,
+)
+from bokeh.models.widgets import (
+    DataTable,
+    Div,
+    NumberFormatter,
     StringFormatter,
     TableColumn,
 )
 from bokeh.plotting import figure
 
 from datavine.dashboard import columns, model
+from datavine.dashboard.columns import Columns, Progress
 from datavine.dashboard.model import NEARNESS, NEARNESS_COLOURS, Board
+
+if TYPE_CHECKING:
+    from bokeh.models.sources import DataDict
 
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
@@ -55,12 +62,12 @@ class Page:
     ``roots``: the page's parts top to bottom, each a root of its own document, so that a
     change in one lays out and repaints that part only."""
 
-    roots: list[Any]
+    roots: list[LayoutDOM]
     header: Div
     sources: dict[str, ColumnDataSource]
     worker_ranges: list[FactorRange]
     server_range: FactorRange
-    sent: dict[str, Any] = field(default_factory=dict)
+    sent: dict[str, Columns] = field(default_factory=dict)
     stream_run: int | None = None
     stream_rows: int = 0
 
@@ -72,37 +79,47 @@ class Page:
         self._set("workers", workers)
         if [*self.worker_ranges[0].factors] != (workers["worker"] or ["-"]):
             for r in self.worker_ranges:
-                r.factors = list(workers["worker"]) or ["-"]
-        throughput = columns.throughput_columns(run)
-        self._set("servers", throughput.pop("servers"))
+                r.factors = _factors(workers["worker"])
+        throughput, servers = columns.throughput_columns(run)
+        self._set("servers", servers)
         self._set("throughput", throughput)
         totals = columns.server_totals(run)
         self._set("server_totals", totals)
         if [*self.server_range.factors] != (totals["server"] or ["-"]):
-            self.server_range.factors = list(totals["server"]) or ["-"]
+            self.server_range.factors = _factors(totals["server"])
         self._set("failures", columns.failure_columns(run))
         self._set("slowest", columns.slowest_columns(run))
         source = self.sources["stream"]
         number = run.run if run is not None else None
         if number != self.stream_run:
-            source.data = columns.stream_columns(run)
+            source.data = _data(columns.stream_columns(run))
             self.stream_run, self.stream_rows = number, len(run.stream) if run else 0
         elif run is not None and len(run.stream) > self.stream_rows:
-            source.stream(columns.stream_columns(run, self.stream_rows))
+            source.stream(_data(columns.stream_columns(run, self.stream_rows)))
             self.stream_rows = len(run.stream)
 
-    def _set(self, name: str, data: dict[str, Any]) -> None:
+    def _set(self, name: str, data: Columns) -> None:
         if _same(self.sent.get(name), data):
             return
         self.sent[name] = data
-        self.sources[name].data = data
+        self.sources[name].data = _data(data)
 
     def _set_text(self, text: str) -> None:
         if self.header.text != text:
             self.header.text = text
 
 
-def _same(a: Any, b: Any) -> bool:
+def _data(data: Columns) -> DataDict:
+    """Columns as Bokeh's sources take them (the same dict, as Bokeh types it)."""
+    return {name: values for name, values in data.items()}
+
+
+def _factors(names: Sequence[object]) -> list[str]:
+    """A categorical axis's factors: ``names``, or a placeholder when there is none."""
+    return [str(n) for n in names] or ["-"]
+
+
+def _same(a: Columns | None, b: Columns) -> bool:
     """Equal data, NaN equal to NaN (a cap not known yet)."""
     if a is None or a.keys() != b.keys():
         return False
@@ -120,22 +137,24 @@ def _same(a: Any, b: Any) -> bool:
 def build(board: Board, *, title: str = "datavine") -> Page:
     """The page for ``board``, filled with what it holds now."""
     run = board.run
-    throughput = columns.throughput_columns(run)
+    workers = columns.worker_columns(board)
+    throughput, servers = columns.throughput_columns(run)
+    totals = columns.server_totals(run)
     sources = {
-        "workers": ColumnDataSource(columns.worker_columns(board), name="workers"),
-        "servers": ColumnDataSource(throughput.pop("servers"), name="servers"),
-        "throughput": ColumnDataSource(throughput, name="throughput"),
-        "server_totals": ColumnDataSource(columns.server_totals(run), name="server_totals"),
-        "stream": ColumnDataSource(columns.stream_columns(run), name="stream"),
-        "failures": ColumnDataSource(columns.failure_columns(run), name="failures"),
-        "slowest": ColumnDataSource(columns.slowest_columns(run), name="slowest"),
+        "workers": ColumnDataSource(_data(workers), name="workers"),
+        "servers": ColumnDataSource(_data(servers), name="servers"),
+        "throughput": ColumnDataSource(_data(throughput), name="throughput"),
+        "server_totals": ColumnDataSource(_data(totals), name="server_totals"),
+        "stream": ColumnDataSource(_data(columns.stream_columns(run)), name="stream"),
+        "failures": ColumnDataSource(_data(columns.failure_columns(run)), name="failures"),
+        "slowest": ColumnDataSource(_data(columns.slowest_columns(run)), name="slowest"),
     }
-    names = list(sources["workers"].data["worker"]) or ["-"]
-    memory_range, stream_range = FactorRange(*names), FactorRange(*names)
-    server_range = FactorRange(*(sources["server_totals"].data["server"] or ["-"]))
+    names = _factors(workers["worker"])
+    memory_range, stream_range = FactorRange(factors=names), FactorRange(factors=names)
+    server_range = FactorRange(factors=_factors(totals["server"]))
     header = Div(text=header_html(columns.progress(board)), name="progress",
                  sizing_mode="stretch_width")
-    roots = [
+    roots: list[LayoutDOM] = [
         Div(text=f"<h2 style='margin:4px 0'>{html.escape(title)}</h2>"),
         header,
         row(workers_table(sources["workers"]), memory_figure(sources["workers"], memory_range),
@@ -155,10 +174,10 @@ def build(board: Board, *, title: str = "datavine") -> Page:
 
 
 # --- the header ---------------------------------------------------------------------------------
-def header_html(p: Mapping[str, Any]) -> str:
+def header_html(p: Progress) -> str:
     """The run's figures in a line or three of HTML (each figure in a ``<b>`` with a
     ``data-figure`` name, for scripts and tests)."""
-    def fig(name: str, value: Any) -> str:
+    def fig(name: str, value: object) -> str:
         shown = f"{value:,}" if isinstance(value, int) else str(value)
         return f'<b data-figure="{name}">{html.escape(shown)}</b>'
 
@@ -219,9 +238,10 @@ def workers_table(source: ColumnDataSource) -> DataTable:
                      height=260, sizing_mode="stretch_width", sortable=True)
 
 
-def memory_figure(source: ColumnDataSource, y_range: FactorRange) -> Any:
-    p = figure(y_range=y_range, height=260, width=480, title="memory in use (MB) and cap",
-               tools=TOOLS, name="memory", toolbar_location="above")
+def memory_figure(source: ColumnDataSource, y_range: FactorRange) -> figure:
+    p = figure(y_range=y_range, x_range=DataRange1d(start=0), height=260, width=480,
+               title="memory in use (MB) and cap", tools=TOOLS, name="memory",
+               toolbar_location="above")
     p.hbar(y="worker", right="memory_mb", height=0.7, color="colour", source=source,
            legend_label="in use")
     p.scatter(x="cap_mb", y="worker", marker="dash", angle=math.pi / 2, size=18,
@@ -229,64 +249,62 @@ def memory_figure(source: ColumnDataSource, y_range: FactorRange) -> Any:
     p.add_tools(HoverTool(tooltips=[("worker", "@worker"), ("state", "@state"),
                                     ("memory", "@memory_mb{0,0} MB"), ("cap", "@cap_mb{0,0} MB"),
                                     ("peak", "@peak_mb{0,0} MB")]))
-    p.x_range.start = 0
     p.legend.location = "bottom_right"
     return p
 
 
-def time_figure(title: str, name: str) -> Any:
-    """A figure over the run's time, as every time series of the view has."""
+def time_figure(title: str, name: str) -> figure:
+    """A figure over the run's time, as every time series of the view has (from 0 up)."""
     return figure(height=250, sizing_mode="stretch_width", title=title,
-                  x_axis_label="s since the run started", tools=TOOLS, name=name)
+                  x_axis_label="s since the run started", tools=TOOLS, name=name,
+                  y_range=DataRange1d(start=0))
 
 
-def servers_figure(servers: ColumnDataSource, throughput: ColumnDataSource) -> Any:
+def servers_figure(servers: ColumnDataSource, throughput: ColumnDataSource) -> figure:
     p = time_figure("Gbps by XCache server (and in all)", "gbps-servers")
     p.multi_line(xs="xs", ys="ys", line_color="colour", line_width=2, source=servers,
                  legend_field="server")
     p.line(x="t", y="total", line_color="black", line_dash="dashed", source=throughput,
            legend_label="all")
     p.legend.location = "top_left"
-    p.y_range.start = 0
     return p
 
 
-def nearness_figure(source: ColumnDataSource) -> Any:
+def nearness_figure(source: ColumnDataSource) -> figure:
     p = time_figure("Gbps by nearness to the reading worker", "gbps-nearness")
     p.varea_stack(stackers=list(NEARNESS), x="t", source=source,
                   color=[NEARNESS_COLOURS[n] for n in NEARNESS], legend_label=list(NEARNESS),
                   alpha=0.8)
     p.legend.location = "top_left"
-    p.y_range.start = 0
     return p
 
 
-def rates_figure(source: ColumnDataSource) -> Any:
+def rates_figure(source: ColumnDataSource) -> figure:
     p = time_figure("events/s (left) and tasks/s (right)", "rates")
     p.line(x="t", y="events", line_width=2, color="#2ca02c", source=source,
            legend_label="events/s")
     p.yaxis.formatter = NumeralTickFormatter(format="0,0")
-    p.extra_y_ranges = {"tasks": DataRange1d(start=0)}
+    tasks_range = DataRange1d(start=0)
+    p.extra_y_ranges = {"tasks": tasks_range}
     tasks = p.line(x="t", y="tasks", line_width=2, color="#1f77b4", source=source,
                    legend_label="tasks/s", y_range_name="tasks")
-    p.extra_y_ranges["tasks"].renderers = [tasks]
+    tasks_range.renderers = [tasks]
     p.add_layout(LinearAxis(y_range_name="tasks", axis_label="tasks/s"), "right")
-    p.y_range.start = 0
     p.legend.location = "top_left"
     return p
 
 
-def server_totals_figure(source: ColumnDataSource, y_range: FactorRange) -> Any:
-    p = figure(y_range=y_range, height=250, sizing_mode="stretch_width",
-               title="GB each server served, by nearness", tools=TOOLS, name="server-totals")
+def server_totals_figure(source: ColumnDataSource, y_range: FactorRange) -> figure:
+    p = figure(y_range=y_range, x_range=DataRange1d(start=0), height=250,
+               sizing_mode="stretch_width", title="GB each server served, by nearness",
+               tools=TOOLS, name="server-totals")
     p.hbar_stack(list(NEARNESS), y="server", height=0.7, source=source,
                  color=[NEARNESS_COLOURS[n] for n in NEARNESS], legend_label=list(NEARNESS))
-    p.x_range.start = 0
     p.legend.location = "bottom_right"
     return p
 
 
-def stream_figure(source: ColumnDataSource, y_range: FactorRange) -> Any:
+def stream_figure(source: ColumnDataSource, y_range: FactorRange) -> figure:
     p = figure(y_range=y_range, height=320, sizing_mode="stretch_width",
                title="task stream: bundles per worker, by outcome",
                x_axis_label="s since the run started", tools=TOOLS, name="stream-figure")

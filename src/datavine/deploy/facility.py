@@ -28,10 +28,16 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from datavine.config import ConfigError, LocalWorkersConfig, ManagerConfig, RunConfig
-from datavine.deploy.pools.factory import BATCHES, NO_CATALOG, FactoryConfig, is_host_port
+from datavine.deploy.pools.factory import (
+    BATCHES,
+    NO_CATALOG,
+    Batch,
+    FactoryConfig,
+    is_host_port,
+)
 from datavine.deploy.pools.factory_pool import FactoryPool, pool_class
 from datavine.deploy.pools.warm import WarmReport, warm_pools
 from datavine.io.shards import Shard, ShardMap
@@ -52,7 +58,8 @@ class FacilityError(ConfigError):
 
 # ----------------------------------------------------------------------------------------------
 # Value kinds: each checks a TOML value and converts it.
-Kind = Callable[[Any, "_Where"], Any]
+Kind = Callable[[object, "_Where"], object]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,54 +71,54 @@ class _Where:
         return FacilityError(self.path, self.key, problem)
 
 
-def _int(value: Any, where: _Where) -> int:
+def _int(value: object, where: _Where) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise where.error(f"expected an integer, got {value!r}")
     return value
 
 
-def _float(value: Any, where: _Where) -> float:
+def _float(value: object, where: _Where) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise where.error(f"expected a number, got {value!r}")
     return float(value)
 
 
-def _bool(value: Any, where: _Where) -> bool:
+def _bool(value: object, where: _Where) -> bool:
     if not isinstance(value, bool):
         raise where.error(f"expected true or false, got {value!r}")
     return value
 
 
-def _str(value: Any, where: _Where) -> str:
+def _str(value: object, where: _Where) -> str:
     if not isinstance(value, str) or not value:
         raise where.error(f"expected a non-empty string, got {value!r}")
     return value
 
 
-def _path(value: Any, where: _Where) -> Path:
+def _path(value: object, where: _Where) -> Path:
     text = os.path.expanduser(_str(value, where))
     path = Path(text)
     return path if path.is_absolute() else (where.path.parent / path)
 
 
-def _str_list(value: Any, where: _Where) -> tuple[str, ...]:
+def _str_list(value: object, where: _Where) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise where.error(f"expected a list of strings, got {value!r}")
     return tuple(_str(v, _Where(where.path, f"{where.key}[{i}]")) for i, v in enumerate(value))
 
 
-def _float_map(value: Any, where: _Where) -> dict[str, float]:
+def _float_map(value: object, where: _Where) -> dict[str, float]:
     if not isinstance(value, dict):
         raise where.error(f"expected a table of numbers, got {value!r}")
     return {k: _float(v, _Where(where.path, f"{where.key}.{k}")) for k, v in value.items()}
 
 
-def _read_table(table: Any, schema: Mapping[str, Kind], path: Path,
-                section: str) -> dict[str, Any]:
+def _read_table(table: object, schema: Mapping[str, Kind], path: Path,
+                section: str) -> dict[str, object]:
     """Check ``table`` against ``schema``: known keys only, each value of its kind."""
     if not isinstance(table, dict):
         raise FacilityError(path, section, f"expected a table, got {table!r}")
-    out = {}
+    out: dict[str, object] = {}
     for key, value in table.items():
         if key not in schema:
             raise FacilityError(path, f"{section}.{key}", "unknown key; expected one of "
@@ -120,7 +127,7 @@ def _read_table(table: Any, schema: Mapping[str, Kind], path: Path,
     return out
 
 
-def _build(cls: Callable[..., Any], values: dict[str, Any], path: Path, section: str) -> Any:
+def _build(cls: Callable[..., T], values: Mapping[str, object], path: Path, section: str) -> T:
     """``cls(**values)``, its ConfigError/ValueError re-raised naming the file and section."""
     try:
         return cls(**values)
@@ -128,11 +135,24 @@ def _build(cls: Callable[..., Any], values: dict[str, Any], path: Path, section:
         raise FacilityError(path, section, str(exc)) from exc
 
 
+def _pop(values: dict[str, object], key: str, kind: type[T]) -> T | None:
+    """``values[key]`` removed, as the ``kind`` its schema made it; None when absent."""
+    value = values.pop(key, None)
+    return value if isinstance(value, kind) else None
+
+
+def _get(values: Mapping[str, object], key: str, kind: type[T]) -> T | None:
+    """``values[key]``, as the ``kind`` its schema made it; None when absent."""
+    value = values.get(key)
+    return value if isinstance(value, kind) else None
+
+
 # ----------------------------------------------------------------------------------------------
 MANAGER_KEYS: dict[str, Kind] = {"host": _str, "listen_host": _str, "catalog": _str,
                                  "workers_timeout_s": _float, "port": _int,
                                  "password_file": _path, "ssl_key": _path, "ssl_cert": _path,
-                                 "run_dir": _path, "name": _str, "worker_timeout_s": _float}
+                                 "run_dir": _path, "name": _str, "worker_timeout_s": _float,
+                                 "debug_log": _bool}
 RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "timeout_s": _float, "max_bundle_tasks": _int,
                              "target_bundle_s": _float, "bundles_per_slot": _int,
@@ -164,7 +184,7 @@ class PoolSettings:
     """One worker pool of the facility; the manager's address is filled in at start."""
 
     name: str
-    batch: str = "condor"
+    batch: Batch = "condor"  # checked: a file's value is any string
     workers: int = 1
     min_workers: int | None = None  # None: all of ``workers`` pre-started
     cores: int = 1
@@ -194,7 +214,7 @@ class PoolSettings:
         only (its workers run on the manager's host), one on other hosts listens on all."""
         local = self.batch == "local"
         return FactoryConfig(
-            manager_host=host, manager_port=port, batch=self.batch,  # type: ignore[arg-type]
+            manager_host=host, manager_port=port, batch=self.batch,
             workers=self.workers, min_workers=self.prestarted, cores=self.cores,
             memory_mb=self.memory_mb, disk_mb=self.disk_mb, features=self.features,
             rack=self.rack, password_file=password_file, ssl=ssl,
@@ -251,13 +271,14 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
             raise FacilityError(path, section, f"unknown section; expected one of "
                                 f"{', '.join(SECTIONS)}")
     manager_table = dict(_read_table(doc.get("manager", {}), MANAGER_KEYS, path, "manager"))
-    host = manager_table.pop("host", "127.0.0.1")
+    host = _pop(manager_table, "host", str) or "127.0.0.1"
     # the manager listens where it is reached, unless told otherwise (manager/listen.py)
     manager_table.setdefault("listen_host", host)
-    catalog = manager_table.pop("catalog", NO_CATALOG)
+    catalog = _pop(manager_table, "catalog", str) or NO_CATALOG
     if not is_host_port(catalog):
         raise FacilityError(path, "manager.catalog", f"expected host:port, got {catalog!r}")
-    workers_timeout_s = manager_table.pop("workers_timeout_s", 120.0)
+    timeout = _pop(manager_table, "workers_timeout_s", float)
+    workers_timeout_s = 120.0 if timeout is None else timeout
     if workers_timeout_s <= 0:
         raise FacilityError(path, "manager.workers_timeout_s", f"must be > 0, got "
                             f"{workers_timeout_s}")
@@ -287,8 +308,8 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
     )
 
 
-def _policy(cls: Callable[..., Any], table: Any, schema: Mapping[str, Kind], path: Path,
-            section: str) -> Any:
+def _policy(cls: Callable[..., T], table: object, schema: Mapping[str, Kind], path: Path,
+            section: str) -> T | None:
     """A policy section: ``cls(**values)``, or ``None`` when it says ``enabled = false``."""
     values = _read_table(table, schema, path, section)
     if not values.pop("enabled", True):
@@ -296,17 +317,18 @@ def _policy(cls: Callable[..., Any], table: Any, schema: Mapping[str, Kind], pat
     return _build(cls, values, path, section)
 
 
-def _manager(values: dict[str, Any], path: Path, check_files: bool) -> ManagerConfig:
+def _manager(values: dict[str, object], path: Path, check_files: bool) -> ManagerConfig:
     values.setdefault("run_dir", Path("runs/manager"))
     manager = _build(ManagerConfig, values, path, "manager")
     if check_files:
         for key in ("password_file", "ssl_key", "ssl_cert"):
-            if key in values and not values[key].is_file():
-                raise FacilityError(path, f"manager.{key}", f"{values[key]} does not exist")
+            file = _get(values, key, Path)
+            if file is not None and not file.is_file():
+                raise FacilityError(path, f"manager.{key}", f"{file} does not exist")
     return manager
 
 
-def _xcache(table: Any, path: Path, check_files: bool) -> tuple[ShardMap | None, Path | None]:
+def _xcache(table: object, path: Path, check_files: bool) -> tuple[ShardMap | None, Path | None]:
     if table is None:
         return None, None
     values = _read_table(table, XCACHE_KEYS, path, "xcache")
@@ -318,13 +340,14 @@ def _xcache(table: Any, path: Path, check_files: bool) -> tuple[ShardMap | None,
     for i, entry in enumerate(entries):
         where = f"xcache.shards[{i}]"
         shard = _read_table(entry, SHARD_KEYS, path, where)
-        if "url" not in shard:
+        url = _get(shard, "url", str)
+        if url is None:
             raise FacilityError(path, f"{where}.url", "missing: every shard needs its URL")
-        if not shard["url"].startswith(("root://", "roots://", "http://", "https://")):
+        if not url.startswith(("root://", "roots://", "http://", "https://")):
             raise FacilityError(path, f"{where}.url", f"expected a root:// or http(s):// URL, "
-                                f"got {shard['url']!r}")
+                                f"got {url!r}")
         shards.append(_build(Shard, shard, path, where))
-    export_root = values.get("export_root")
+    export_root = _get(values, "export_root", Path)
     if check_files and export_root is not None and not export_root.is_dir():
         raise FacilityError(path, "xcache.export_root", f"{export_root} is not a folder")
     shardmap = _build(ShardMap, {"shards": shards, "origin": values.get("origin")}, path,
@@ -332,13 +355,13 @@ def _xcache(table: Any, path: Path, check_files: bool) -> tuple[ShardMap | None,
     return shardmap, export_root
 
 
-def _racks(table: Any, path: Path) -> RackMap | None:
+def _racks(table: object, path: Path) -> RackMap | None:
     """``[racks]``: each rack's hosts, as names, addresses, globs or networks."""
     if table is None:
         return None
     if not isinstance(table, dict):
         raise FacilityError(path, "racks", f"expected a table of racks, got {table!r}")
-    patterns = {}
+    patterns: dict[str, tuple[str, ...]] = {}
     for rack, value in table.items():
         patterns[rack] = _str_list(value, _Where(path, f"racks.{rack}"))
         _build(RackMap.of, {"mapping": {rack: patterns[rack]}}, path, f"racks.{rack}")
@@ -356,7 +379,7 @@ def _racked(shards: ShardMap | None, racks: RackMap | None, path: Path) -> Shard
     return _build(ShardMap, {"shards": placed, "origin": origin}, path, "xcache")
 
 
-def _pools(entries: Any, path: Path) -> tuple[PoolSettings, ...]:
+def _pools(entries: object, path: Path) -> tuple[PoolSettings, ...]:
     if not isinstance(entries, list):
         raise FacilityError(path, "pools", "expected [[pools]] tables")
     pools = []
@@ -372,7 +395,7 @@ def _pools(entries: Any, path: Path) -> tuple[PoolSettings, ...]:
     return tuple(pools)
 
 
-def _local_workers(table: Any, path: Path) -> LocalWorkersConfig | None:
+def _local_workers(table: object, path: Path) -> LocalWorkersConfig | None:
     if table is None:
         return None
     values = _read_table(table, LOCAL_WORKERS_KEYS, path, "local_workers")

@@ -23,7 +23,7 @@ import contextlib
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from datavine.config import ManagerConfig, RunConfig
 from datavine.deploy.local_workers import default_workers
@@ -31,6 +31,7 @@ from datavine.deploy.reaper import temporary_directory
 from datavine.errors import ConfigError
 
 if TYPE_CHECKING:
+    from datavine.dashboard.launch import DashboardConfig
     from datavine.deploy.facility import Facility
     from datavine.manager.cluster import Cluster, LocalCluster
 
@@ -45,7 +46,7 @@ def run_directory(stack: contextlib.ExitStack, prefix: str = "datavine-run-") ->
 def local_cluster(run: RunConfig, manager: ManagerConfig, *, workers: int | None = None,
                   cores: int = 1, memory_mb: int | None = None, features: tuple[str, ...] = (),
                   racks: tuple[str, ...] = (), connect_timeout_s: float = 60.0,
-                  dashboard: Any = None) -> LocalCluster:
+                  dashboard: bool | DashboardConfig | None = None) -> LocalCluster:
     """Local workers (not started): ``workers`` or one per core here, in ``racks`` or the
     racks of ``run.shardmap``'s shards."""
     from datavine.manager.cluster import LocalCluster
@@ -72,7 +73,8 @@ class Chosen:
 
 def choose_cluster(run: RunConfig, manager: ManagerConfig, *, workers: int | None = None,
                    pool_workers: int | None = None, facility: Facility | None = None,
-                   connect_timeout_s: float = 60.0, dashboard: Any = None) -> Chosen:
+                   connect_timeout_s: float = 60.0,
+                   dashboard: bool | DashboardConfig | None = None) -> Chosen:
     """Local workers (``workers``, or the facility's ``[local_workers]``), a manager waiting
     for ``pool_workers`` from a pool started elsewhere (0: do not wait), or the facility's
     pools when it has some and no local workers are asked for. ``dashboard``: the

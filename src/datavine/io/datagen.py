@@ -19,7 +19,6 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import awkward as ak
 import numpy as np
@@ -39,6 +38,8 @@ JET_PRECISION = {"pt": 10, "eta": 12, "phi": 12, "mass": 10, "btagDeepFlavB": 10
 MET_PRECISION = 10
 
 Flat = dict[str, np.ndarray]
+Columns = dict[str, np.ndarray | ak.Array]  # a batch of events, as uproot's extend takes it
+ManifestEntry = dict[str, int | str]  # one file's parameters and size in the manifest
 
 
 def compression_for(name: str, level: int | None = None) -> uproot.compression.Compression:
@@ -66,9 +67,10 @@ def generate_dataset(directory: str | os.PathLike[str], n_files: int, events_per
     paths = []
     for index in range(n_files):
         path = out / f"nanoaod_{index:04d}.root"
-        params = {"version": GENERATOR_VERSION, "events": events_per_file,
-                  "compression": repr(algorithm), "seed": seed, "file_index": index,
-                  "basket_events": basket_events}
+        params: ManifestEntry = {
+            "version": GENERATOR_VERSION, "events": events_per_file,
+            "compression": repr(algorithm), "seed": seed, "file_index": index,
+            "basket_events": basket_events}
         if not _up_to_date(path, params):
             write_file(path, events_per_file, algorithm, seed, index, basket_events)
             _record(path, {**params, "size": path.stat().st_size})
@@ -96,7 +98,7 @@ def write_file(path: Path, n_events: int, algorithm: uproot.compression.Compress
         tmp.unlink(missing_ok=True)
 
 
-def generate_events(rng: np.random.Generator, n: int, first_event: int) -> dict[str, Any]:
+def generate_events(rng: np.random.Generator, n: int, first_event: int) -> Columns:
     """One batch of ``n`` events as uproot ``extend`` columns (records become ``Jet_*``)."""
     kind = rng.choice(3, size=n, p=[TTBAR_FRACTION, WJETS_FRACTION,
                                      1 - TTBAR_FRACTION - WJETS_FRACTION])
@@ -185,8 +187,8 @@ def _top(rng: np.random.Generator, n: int, phi: np.ndarray) -> np.ndarray:
     return np.stack([np.sqrt(mass**2 + pt**2 + pz**2), px, py, pz])
 
 
-def _decay(rng: np.random.Generator, parent: np.ndarray, m1: Any,
-           m2: Any) -> tuple[np.ndarray, np.ndarray]:
+def _decay(rng: np.random.Generator, parent: np.ndarray, m1: float | np.ndarray,
+           m2: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Isotropic two-body decay of ``parent`` (4 x n), boosted into the lab frame."""
     n = parent.shape[1]
     mass = np.sqrt(np.maximum(parent[0] ** 2 - (parent[1:] ** 2).sum(axis=0), 0.0))
@@ -285,25 +287,26 @@ def _phi(rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.uniform(-np.pi, np.pi, n)
 
 
-def _branch_type(column: Any) -> Any:
+def _branch_type(column: np.ndarray | ak.Array) -> object:
+    """The branch type uproot's mktree takes for ``column``: its awkward type or dtype."""
     return column.type.content if isinstance(column, ak.Array) else column.dtype
 
 
-def _up_to_date(path: Path, params: dict[str, Any]) -> bool:
+def _up_to_date(path: Path, params: ManifestEntry) -> bool:
     entry = _read_manifest(path.parent).get(path.name)
     if entry is None or not path.exists():
         return False
     return entry == {**params, "size": path.stat().st_size}
 
 
-def _read_manifest(directory: Path) -> dict[str, Any]:
+def _read_manifest(directory: Path) -> dict[str, ManifestEntry]:
     try:
         return json.loads((directory / MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError):
         return {}
 
 
-def _record(path: Path, entry: dict[str, Any]) -> None:
+def _record(path: Path, entry: ManifestEntry) -> None:
     files = _read_manifest(path.parent)
     files[path.name] = entry
     manifest = path.parent / MANIFEST

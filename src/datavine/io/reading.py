@@ -26,13 +26,14 @@ Imported on workers: uproot and XRootD are imported only when a file is opened.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from datavine.io.shards import ShardHealth, ShardMap
 from datavine.io.source.base import (
     UNSHARDED,
+    H,
     Opener,
     OpenRecord,
     Source,
@@ -42,6 +43,10 @@ from datavine.io.source.base import (
 )
 from datavine.io.source.handles import make_source, open_file
 from datavine.io.source.local import LocalSource
+from datavine.protocol import ReadRecordDict
+
+if TYPE_CHECKING:  # uproot ships no types: to mypy these are Any
+    import uproot
 
 __all__ = [
     "Opened", "ReadContext", "ReadRecord", "current", "is_input_error", "open_input",
@@ -64,12 +69,17 @@ class ReadRecord:
     failovers: int = 0
     errors: tuple[tuple[str, str], ...] = ()
 
+    def as_dict(self) -> ReadRecordDict:
+        """The record as a bundle's result carries it (``dataclasses.asdict``, typed)."""
+        return ReadRecordDict(lfn=self.lfn, server=self.server, rack=self.rack,
+                              bytes=self.bytes, failovers=self.failovers, errors=self.errors)
+
 
 class Opened(NamedTuple):
     """One open in a :class:`ReadContext`: the handle (its bytes are read at the end) and
     where it came from."""
 
-    handle: Any
+    handle: object
     lfn: str
     server: str
     rack: str | None
@@ -85,7 +95,7 @@ class ReadContext:
     health: ShardHealth = field(default_factory=ShardHealth)
     opened: list[Opened] = field(default_factory=list)
 
-    def add(self, handle: Any, record: OpenRecord) -> None:
+    def add(self, handle: object, record: OpenRecord) -> None:
         self.opened.append(Opened(handle, record.lfn, record.server, record.rack,
                                   record.failovers, record.errors))
 
@@ -153,11 +163,16 @@ def source_for(url: str, shardmap: ShardMap | None) -> Source:
     return ShardedSource(shardmap, _health)
 
 
-def open_served(url: str, *, shardmap: ShardMap | None = None, opener: Opener = open_file,
-                **options: Any) -> tuple[Any, OpenRecord]:
+def open_served(url: str, *, shardmap: ShardMap | None = None,
+                opener: Opener[H] = open_file, **options: object) -> tuple[H, OpenRecord]:
     """Open ``url`` the way :func:`source_for` picks, with ``opener(target, **options)``
     (default: ``uproot.open``); returns the handle and how it was opened, recorded in the
     bundle's read context. ``shardmap`` overrides the run's (``RunConfig.shardmap``)."""
+    return _open_served(url, shardmap, opener, options)
+
+
+def _open_served(url: str, shardmap: ShardMap | None, opener: Opener[H],
+                 options: Mapping[str, object]) -> tuple[H, OpenRecord]:
     ctx = _context
     shards = shardmap if shardmap is not None else (ctx.shardmap if ctx is not None else None)
     handle, record = source_for(url, shards).open(url, opener, **options)
@@ -166,15 +181,16 @@ def open_served(url: str, *, shardmap: ShardMap | None = None, opener: Opener = 
     return handle, record
 
 
-def open_input(url: str, *, shardmap: ShardMap | None = None, **options: Any) -> Any:
+def open_input(url: str, *, shardmap: ShardMap | None = None,
+               **options: object) -> uproot.ReadOnlyDirectory:
     """Open an input file with uproot: on its XCache shard inside a datavine run.
 
     ``shardmap`` overrides the run's (``RunConfig.shardmap``); reads are accounted either way.
     """
-    return open_served(url, shardmap=shardmap, **options)[0]
+    return _open_served(url, shardmap, open_file, options)[0]
 
 
-def open_source(url: str, **options: Any) -> Any:
+def open_source(url: str, **options: object) -> uproot.source.chunk.Source:
     """The uproot source of ``url`` (on its shard when the bundle has a shard map), recorded
     in the bundle's read context: the source counts every byte uproot asks of it."""
-    return open_served(url, opener=make_source, **options)[0]
+    return _open_served(url, None, make_source, options)[0]

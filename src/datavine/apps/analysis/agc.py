@@ -17,9 +17,9 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import awkward as ak
 import numpy as np
@@ -37,7 +37,9 @@ BRANCHES = (
     "Electron_pt", "Electron_eta", "Electron_cutBased",
 )
 
-Source = str | os.PathLike[str] | Any  # a path, a URL, or an open uproot file/directory/tree
+# a path, a URL, or an open uproot file, directory or tree
+Source: TypeAlias = ("str | os.PathLike[str] | uproot.ReadOnlyFile | uproot.ReadOnlyDirectory"
+                     " | uproot.TTree")
 
 
 class Chunk(NamedTuple):
@@ -86,7 +88,7 @@ class ChunkResult:
                            self.bytes_read + other.bytes_read, source,
                            self.chunks + other.chunks)
 
-    def __radd__(self, other: Any) -> ChunkResult:
+    def __radd__(self, other: object) -> ChunkResult:
         # sum(results) starts from 0.
         return self if isinstance(other, int) and other == 0 else NotImplemented
 
@@ -122,13 +124,15 @@ def process_chunk(source: Source, entry_start: int | None = None,
     return _process_tree(source, entry_start, entry_stop)
 
 
-def process_item(chunk: Chunk | Sequence[Any]) -> ChunkResult:
-    """:func:`process_chunk` over a ``(path, entry_start, entry_stop)`` work item."""
+def process_item(chunk: tuple[str, int, int]) -> ChunkResult:
+    """:func:`process_chunk` over a ``(path, entry_start, entry_stop)`` work item (a
+    :class:`Chunk`, or any such sequence)."""
     path, start, stop = chunk
     return process_chunk(path, start, stop)
 
 
-def _process_tree(ttree: Any, entry_start: int | None, entry_stop: int | None) -> ChunkResult:
+def _process_tree(ttree: uproot.TTree, entry_start: int | None,
+                  entry_stop: int | None) -> ChunkResult:
     file_source = ttree.file.source
     before = getattr(file_source, "num_requested_bytes", 0)
     arrays = ttree.arrays(list(BRANCHES), entry_start=entry_start, entry_stop=entry_stop,
@@ -247,7 +251,7 @@ def make_chunks(files: Iterable[str | os.PathLike[str]], chunk_events: int,
     return chunks
 
 
-def run_plain_loop(chunks: Iterable[Chunk | Sequence[Any]]) -> ChunkResult:
+def run_plain_loop(chunks: Iterable[tuple[str, int, int]]) -> ChunkResult:
     """The single-process reference: every chunk in turn, merged in order."""
     total = ChunkResult.empty()
     for chunk in chunks:

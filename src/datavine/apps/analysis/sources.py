@@ -26,11 +26,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from datavine.apps.analysis.agc import Chunk, ChunkResult, process_chunk
 from datavine.io.reading import open_served
 from datavine.io.shards import ShardMap
+from datavine.io.source.handles import open_file
+
+if TYPE_CHECKING:
+    from dask.delayed import Delayed
 
 
 @dataclass(eq=False)
@@ -53,7 +57,7 @@ class SourcedResult:
         return SourcedResult(self.result + other.result, self.servers + other.servers,
                              self.failovers + other.failovers)
 
-    def __radd__(self, other: Any) -> SourcedResult:
+    def __radd__(self, other: object) -> SourcedResult:
         return self if isinstance(other, int) and other == 0 else NotImplemented
 
 
@@ -78,8 +82,8 @@ class XCacheShards:
 def read_chunk(chunk: Chunk, shardmap: ShardMap | None = None) -> SourcedResult:
     """The chunk's result, read through ``shardmap`` (default: the run's, if any), and the
     server that delivered it."""
-    handle, served = open_served(chunk.path, shardmap=shardmap, object_cache=None,
-                                 array_cache=None)
+    handle, served = open_served(chunk.path, shardmap=shardmap, opener=open_file,
+                                 object_cache=None, array_cache=None)
     with handle:
         result = process_chunk(handle, chunk.entry_start, chunk.entry_stop)
     return SourcedResult(result, Counter({served.server: 1}), int(served.away))
@@ -93,7 +97,7 @@ def merge(*parts: SourcedResult) -> SourcedResult:
     return sum(parts, SourcedResult())
 
 
-def analysis_graph(source: ChunkSource, chunks: Sequence[Chunk], fan_in: int = 8) -> Any:
+def analysis_graph(source: ChunkSource, chunks: Sequence[Chunk], fan_in: int = 8) -> Delayed:
     """A ``dask.delayed`` of the merged :class:`SourcedResult` of ``chunks``: one task per
     chunk (keys ``agc-chunk-<i>``), merged ``fan_in`` at a time (``agc-merge-<level>-<j>``)."""
     from dask import delayed

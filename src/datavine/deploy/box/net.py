@@ -21,10 +21,10 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from datavine.deploy.box.plan import (
     RESOLV_CONF,
@@ -46,6 +46,46 @@ COMMAND_TIMEOUT_S = 20.0
 
 class BoxError(DatavineError):
     """The box cannot be made, found or used; the message says which host or command."""
+
+
+class Service(TypedDict):
+    """A program started on a host of the box (:meth:`Box.start`)."""
+
+    host: str
+    name: str
+    pid: int
+    log: str
+
+
+class BoxState(TypedDict):
+    """What ``box.json`` records: the spec (``BoxSpec``'s fields), the services started,
+    the routes cut (``[namespace, kind, destination]``) and the inter-rack link's rate."""
+
+    spec: dict[str, object]
+    services: list[Service]
+    cuts: list[list[str]]
+    link_mbit: float
+
+
+class HostStatus(TypedDict):
+    name: str  # the host's full name (a1.box)
+    address: str
+    rack: str | None
+    namespace: str
+    shard: bool
+
+
+class BoxStatus(TypedDict):
+    """:meth:`Box.status`: what ``datavine box status`` prints."""
+
+    name: str
+    dir: str
+    up: bool
+    hosts: list[HostStatus]
+    link_mbit: float
+    interrack_bytes: int | None
+    cuts: list[list[str]]
+    services: list[Service]
 
 
 def box_missing() -> str | None:
@@ -72,13 +112,14 @@ def default_box_dir(name: str = "box") -> Path:
 
 def _run(argv: Sequence[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S,
          check: bool = True, shown: Sequence[str] | None = None,
-         **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` bounded; a failure (with ``check``) names ``what`` and the command
-    (``shown``: the part of it worth showing)."""
+         env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` bounded (in ``env``, default this process's environment); a failure
+    (with ``check``) names ``what`` and the command (``shown``: the part of it worth
+    showing)."""
     command = " ".join(shown if shown is not None else argv)
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                              check=False, **kwargs)
+                              check=False, env=env)
     except subprocess.TimeoutExpired as exc:
         raise BoxError(f"{what}: '{command}' did not finish in {timeout_s:.0f} s") from exc
     if check and done.returncode != 0:
@@ -107,8 +148,8 @@ class Box:
     def __init__(self, plan: BoxPlan, directory: Path) -> None:
         self.plan = plan
         self.dir = directory
-        self._state: dict[str, Any] = {"spec": asdict(plan.spec), "services": [], "cuts": [],
-                                       "link_mbit": plan.spec.link_mbit}
+        self._state: BoxState = {"spec": asdict(plan.spec), "services": [], "cuts": [],
+                                 "link_mbit": plan.spec.link_mbit}
 
     # --- life ---------------------------------------------------------------------------------
     @classmethod
@@ -213,10 +254,12 @@ class Box:
                 'hostname "$0" && exec "$@"', h.fqdn, *argv]
 
     def run(self, host: str, argv: Sequence[str], timeout_s: float = 60.0,
-            check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` on ``host`` and wait for it (bounded)."""
+            check: bool = True,
+            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on ``host`` and wait for it (bounded; in ``env``, default this
+        process's environment)."""
         return _run(self.exec_argv(host, argv), f"on {host}", timeout_s, check, shown=argv,
-                    **kwargs)
+                    env=env)
 
     def start(self, host: str, argv: Sequence[str], name: str, log: Path | None = None,
               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -235,7 +278,8 @@ class Box:
 
     def stop(self, name: str) -> int:
         """Stop the services called ``name`` (all hosts); returns the processes stopped."""
-        stopped, keep = 0, []
+        stopped = 0
+        keep: list[Service] = []
         for service in self._state["services"]:
             if service["name"] == name:
                 stopped += stop_session(int(service["pid"]), grace_s=5.0)
@@ -245,7 +289,7 @@ class Box:
         self._save()
         return stopped
 
-    def services(self) -> list[dict[str, Any]]:
+    def services(self) -> list[Service]:
         return list(self._state["services"])
 
     # --- the network: counters, shaping, cuts ------------------------------------------------
@@ -323,7 +367,7 @@ class Box:
         self._save()
         return undone
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BoxStatus:
         present = existing_namespaces()
         return {
             "name": self.plan.spec.name,

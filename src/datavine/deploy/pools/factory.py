@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -158,12 +159,12 @@ def is_host_port(text: str) -> bool:
     return bool(host) and _SAFE_WORD.match(host) is not None
 
 
-def factory_json(cfg: FactoryConfig) -> dict[str, Any]:
+def factory_json(cfg: FactoryConfig) -> dict[str, int]:
     """The settings vine_factory re-reads from its ``-C`` file every period.
 
     Editing this file (``factory.json`` in a pool's scratch folder) rescales a running pool.
     """
-    doc: dict[str, Any] = {
+    doc = {
         "max-workers": cfg.workers,
         "min-workers": cfg.min_workers,
         "timeout": cfg.idle_timeout_s,
@@ -229,9 +230,9 @@ def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
     return [*cmd, cfg.manager_host, str(cfg.manager_port)]
 
 
-def config_to_dict(cfg: FactoryConfig) -> dict[str, Any]:
+def config_to_dict(cfg: FactoryConfig) -> dict[str, object]:
     """A JSON-able dict of ``cfg`` (paths as strings, tuples as lists)."""
-    out = asdict(cfg)
+    out: dict[str, object] = asdict(cfg)
     for key, value in out.items():
         if isinstance(value, Path):
             out[key] = str(value)
@@ -240,8 +241,9 @@ def config_to_dict(cfg: FactoryConfig) -> dict[str, Any]:
     return out
 
 
-def config_from_dict(doc: dict[str, Any]) -> FactoryConfig:
-    """Inverse of :func:`config_to_dict`; unknown keys are an error naming them."""
+def config_from_dict(doc: Mapping[str, Any]) -> FactoryConfig:
+    """Inverse of :func:`config_to_dict` (``doc`` as JSON read it back: a pool's state
+    file); unknown keys are an error naming them."""
     known = {f.name for f in fields(FactoryConfig)}
     unknown = set(doc) - known
     if unknown:

@@ -28,6 +28,7 @@ from typing import ClassVar, Self
 from datavine.deploy.binaries import cctools_prefix, vine_binary
 from datavine.deploy.pools.base import PoolError, PoolStatus, WorkerPool
 from datavine.deploy.pools.factory import (
+    Batch,
     FactoryConfig,
     config_from_dict,
     config_to_dict,
@@ -91,7 +92,7 @@ def pool_class(batch: str) -> type[FactoryPool]:
 class FactoryPool(WorkerPool):
     """A pool of workers submitted by one ``vine_factory``; subclasses pick the batch."""
 
-    batch: ClassVar[str]
+    batch: ClassVar[Batch]
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

@@ -14,7 +14,6 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from datavine.config import ConfigError
 
@@ -45,7 +44,7 @@ class PoolState:
     scratch_dir: str
     log: str
     started_at: float
-    config: dict[str, Any]
+    config: dict[str, object]  # datavine.deploy.pools.factory.config_to_dict
 
 
 def state_path(pool_dir: Path, name: str) -> Path:

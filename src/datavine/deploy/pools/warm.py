@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from datavine.deploy.pools.base import PoolError
 from datavine.deploy.pools.factory_pool import FactoryPool
+
+if TYPE_CHECKING:
+    from datavine.manager.runtime import Runtime
 
 
 @dataclass
@@ -34,7 +37,7 @@ class WarmReport:
         return line + (f" ({'; '.join(self.errors)})" if self.errors else "")
 
 
-def warm_pools(runtime: Any, pools: Sequence[FactoryPool], timeout_s: float) -> WarmReport:
+def warm_pools(runtime: Runtime, pools: Sequence[FactoryPool], timeout_s: float) -> WarmReport:
     """Start the library on the pools' running named workers and announce them (those warm
     already answer at once; the runtime re-warms this set after a library restart)."""
     report = WarmReport()

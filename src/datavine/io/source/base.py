@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from datavine.errors import DatavineError
 from datavine.io.shards import ORIGIN_NAME, logical_name
@@ -26,7 +26,8 @@ LOCAL = "local"  # the server of a local file: the worker itself
 DIRECT = "direct"  # the server of a URL opened as given (no shard map)
 UNSHARDED = (LOCAL, DIRECT, ORIGIN_NAME)  # servers that are not XCache shards
 
-Opener = Callable[..., Any]  # opener(url, **options) -> handle; raises OSError on a bad server
+H = TypeVar("H")  # what an opener makes: an uproot file or source (a handle)
+Opener = Callable[..., H]  # opener(url, **options) -> handle; raises OSError on a bad server
 
 # Exceptions of an opener that count as a failure of the server it tried (XRootD's
 # connection and timeout errors are OSErrors); anything else is the caller's and propagates.
@@ -73,19 +74,20 @@ class Source(ABC):
     """One way of reaching an input file (see the module docstring)."""
 
     @abstractmethod
-    def open(self, url: str, opener: Opener, **options: Any) -> tuple[Any, OpenRecord]:
+    def open(self, url: str, opener: Opener[H], **options: object) -> tuple[H, OpenRecord]:
         """``opener(target, **options)`` for the server that should serve ``url`` now: the
         handle it returned, and how it was opened. Raises what the opener raised (a single
         server) or :class:`InputUnavailableError` naming every server that failed."""
 
 
-def open_on(server: str, url: str, opener: Opener, **options: Any) -> tuple[Any, OpenRecord]:
+def open_on(server: str, url: str, opener: Opener[H],
+            **options: object) -> tuple[H, OpenRecord]:
     """``url`` opened as given, on its one server (``server`` names it in the records)."""
     handle = opener(url, **options)
     return handle, OpenRecord(logical_name(url), url, server, None, 0, (), 0.0)
 
 
-def bytes_requested(handle: Any) -> int:
+def bytes_requested(handle: object) -> int:
     """Bytes asked of the handle's source so far: for an uproot source, file or directory
     (uproot counts every byte of every range requested, failed reads included); 0 when the
     handle has no source."""

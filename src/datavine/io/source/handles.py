@@ -20,7 +20,10 @@ Pass ``handler=`` to :func:`open_file` to choose otherwise. uproot is imported o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # uproot ships no types: to mypy these are Any
+    import uproot
 
 XROOTD_SCHEMES = ("root://", "roots://", "xroot://")
 
@@ -29,7 +32,7 @@ def is_xrootd(url: str) -> bool:
     return url.startswith(XROOTD_SCHEMES)
 
 
-def open_file(url: str, **options: Any) -> Any:
+def open_file(url: str, **options: object) -> uproot.ReadOnlyDirectory:
     """``uproot.open(url, **options)``: ``XRootDSource`` for ``root://``, a memory map for a
     local path, unless ``handler`` is given."""
     import uproot
@@ -41,7 +44,7 @@ def open_file(url: str, **options: Any) -> Any:
     return uproot.open(url, **options)
 
 
-def source_class(url: str) -> type[Any]:
+def source_class(url: str) -> type[uproot.source.chunk.Source]:
     """uproot's source class for ``url`` in :func:`make_source`: XRootD's own for
     ``root://``, else uproot's default (fsspec)."""
     import uproot
@@ -49,6 +52,6 @@ def source_class(url: str) -> type[Any]:
     return uproot.XRootDSource if is_xrootd(url) else uproot.FSSpecSource
 
 
-def make_source(url: str, **options: Any) -> Any:
+def make_source(url: str, **options: object) -> uproot.source.chunk.Source:
     """The uproot source reading ``url`` (opened: an XRootD source connects here)."""
     return source_class(url)(url, **options)

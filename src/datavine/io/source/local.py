@@ -6,13 +6,11 @@ are the opener's own (``FileNotFoundError`` naming the path), not wrapped.
 
 from __future__ import annotations
 
-from typing import Any
-
-from datavine.io.source.base import LOCAL, Opener, OpenRecord, Source, open_on
+from datavine.io.source.base import LOCAL, H, Opener, OpenRecord, Source, open_on
 
 
 class LocalSource(Source):
     """Opens a local path as given."""
 
-    def open(self, url: str, opener: Opener, **options: Any) -> tuple[Any, OpenRecord]:
+    def open(self, url: str, opener: Opener[H], **options: object) -> tuple[H, OpenRecord]:
         return open_on(LOCAL, url, opener, **options)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import datavine.io.source.xrootd  # noqa: F401  (sets the XRootD client's failover settings)
 from datavine.io.shards import ShardHealth, ShardMap, logical_name
 from datavine.io.source.base import (
     SERVER_ERRORS,
+    H,
     InputUnavailableError,
     Opener,
     OpenRecord,
@@ -44,7 +44,7 @@ class ShardedSource(Source):
     clock: Callable[[], float] = time.monotonic
     errors: tuple[type[BaseException], ...] = SERVER_ERRORS
 
-    def open(self, url: str, opener: Opener, **options: Any) -> tuple[Any, OpenRecord]:
+    def open(self, url: str, opener: Opener[H], **options: object) -> tuple[H, OpenRecord]:
         start = self.clock()
         lfn = logical_name(url)
         home = self.shardmap.shard_for(lfn).name

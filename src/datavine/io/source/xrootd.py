@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
-from datavine.io.source.base import DIRECT, Opener, OpenRecord, Source, open_on
+from datavine.io.source.base import DIRECT, H, Opener, OpenRecord, Source, open_on
 
 XRD_CLIENT_ENV: dict[str, str] = {
     "XRD_CONNECTIONRETRY": "1",
@@ -70,5 +69,5 @@ configure_xrootd_client()
 class DirectSource(Source):
     """Opens a URL on the server it names."""
 
-    def open(self, url: str, opener: Opener, **options: Any) -> tuple[Any, OpenRecord]:
+    def open(self, url: str, opener: Opener[H], **options: object) -> tuple[H, OpenRecord]:
         return open_on(DIRECT, url, opener, **options)

@@ -257,15 +257,17 @@ class XCacheTestbed:
         for d in (paths.root, paths.admin, *([paths.cache] if server.index >= 0 else [])):
             d.mkdir(parents=True, exist_ok=True)
         report = self._listener.port if self._listener else None
-        access = {"allow_hosts": self.allow_hosts, "report_host": self.report_host}
+        allow, report_host = self.allow_hosts, self.report_host
         if server.index < 0:
             text = origin_config(self.data_dir, server.port, paths, report_port=report,
-                                 http_port=server.http_port, **access)
+                                 http_port=server.http_port, allow_hosts=allow,
+                                 report_host=report_host)
         else:
             assert self.origin is not None
             text = shard_config(self.origin.port, server.port, paths, blocksize=self.blocksize,
                                 ram=self.ram, prefetch=self.prefetch, report_port=report,
-                                http_port=server.http_port, **access)
+                                http_port=server.http_port, allow_hosts=allow,
+                                report_host=report_host)
         paths.config.write_text(text)
         if self._user is not None:
             pw = pwd.getpwnam(self._user)
