@@ -120,38 +120,6 @@ def status_mb(field: str) -> float:
     return 0.0
 
 
-def workload_graph(n_files: int) -> tuple[Any, list[str]]:
-    """A task per file, then merges of ``FANIN`` up to one output (the facility model's
-    graph, priorities depth first as dask.order gives a reduction); and the files."""
-    from datavine.scheduler.graph import TaskGraph
-
-    lfns = [LFN.format(i) for i in range(n_files)]
-    deps: dict[Any, frozenset[Any]] = {}
-    priority: dict[Any, float] = {}
-    level = []
-    for i in range(n_files):
-        key = ("process-file", i)
-        deps[key], priority[key] = frozenset(), float(i)
-        level.append(key)
-    depth = 0
-    while len(level) > 1:
-        merged = []
-        for j in range(0, len(level), FANIN):
-            key = ("merge", depth, j // FANIN)
-            inputs = level[j:j + FANIN]
-            deps[key] = frozenset(inputs)
-            priority[key] = max(priority[k] for k in inputs) + 0.5 / (depth + 1)
-            merged.append(key)
-        level, depth = merged, depth + 1
-    dependents: dict[Any, set[Any]] = {k: set() for k in deps}
-    for key, inputs in deps.items():
-        for d in inputs:
-            dependents[d].add(key)
-    graph = TaskGraph(dict.fromkeys(deps), deps, dependents, priority,  # type: ignore[arg-type]
-                      {level[0]})
-    return graph, lfns
-
-
 def run_size(n_workers: int, n_files: int, steps: int, cores: int, bundle_s: float,
              seed: int) -> SizeResult:
     """One facility of ``n_workers``: build it, fill it, then ``steps`` completions."""
@@ -180,7 +148,9 @@ def run_size(n_workers: int, n_files: int, steps: int, cores: int, bundle_s: flo
     shard_hosts = [hosts[members[racks[j % RACKS]][j // RACKS]] for j in range(SHARDS)]
     shardmap = ShardMap(Shard(f"root://{shard_hosts[j]}:1094", racks[j % RACKS],
                               name=f"xcache-{j:02d}") for j in range(SHARDS))
-    graph, lfns = workload_graph(n_files)
+    from datavine.apps.sim.driver import workload_graph  # the facility model's graph
+
+    graph, lfns = workload_graph(n_files, FANIN, LFN)
 
     def files_of(key: Any) -> tuple[str, ...]:
         return (lfns[key[1]],) if key[0] == "process-file" else ()

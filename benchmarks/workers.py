@@ -216,13 +216,25 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
                             decision_s=spent[0], rss_mb=rss_mb(), mb_per_worker=per_worker,
                             extra={"process_cpu_s": pcpu, "load": os.getloadavg()[0],
                                    "taskvine_wait_cpu_s": waited[0]}))
+        # what the loop costs per second with one bundle in flight (housekeeping: the pool
+        # sampled once a second, TaskVine's wait polling the workers): at few workers and
+        # long bundles this, not the bundles, is most of the CPU per bundle
+        idle = delayed(sleep_task, pure=True)(f"/bench/workers/idle-{n}.root", sleep,
+                                              dask_key_name=f"idle-{n}")
+        cpu0, t0 = cpu_s(), time.time()
+        dask.compute(idle, scheduler=cluster.get)
+        idle_rate = (cpu_s() - cpu0) / (time.time() - t0)
         connected = cluster.runtime.connected_workers()
+    for r in runs:
+        r.extra["housekeeping_s_per_s"] = idle_rate
+        r.extra["marginal_cpu_s"] = max(0.0, r.cpu_s - idle_rate * r.wall_s) / max(r.bundles, 1)
     best = min(runs, key=lambda r: r.cpu_s / max(r.bundles, 1))
     best.lost = lost + max(0, n - connected)
     best.note = (f"{warm} libraries warm before the clock; {retries} retries; runs: " + ", ".join(
         f"{r.wall_s:.1f} s / {1e3 * r.cpu_s / r.bundles:.1f} ms (load {r.extra['load']:.0f})"
         for r in runs) + f"; all threads {1e3 * best.extra['process_cpu_s'] / best.bundles:.2f}"
-        " ms CPU per bundle")
+        f" ms CPU per bundle; housekeeping {1e3 * idle_rate:.2f} ms CPU per s, beyond it "
+        f"{1e3 * best.extra['marginal_cpu_s']:.2f} ms per bundle")
     best.taskvine_wait_s = best.extra["taskvine_wait_cpu_s"]
     best.extra["ratios"] = [r.concurrency_ratio for r in runs]
     return best
@@ -351,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in ours:
         pairs[f"concurrency_ratio_{r.workers}"] = round(max(r.extra["ratios"]), 3)
         pairs[f"cpu_ms_per_bundle_{r.workers}"] = round(1e3 * per_bundle[r.workers], 2)
+        if "marginal_cpu_s" in r.extra:  # the CPU per bundle beyond the loop's housekeeping
+            pairs[f"housekeeping_ms_per_s_{r.workers}"] = round(
+                1e3 * r.extra["housekeeping_s_per_s"], 2)
+            pairs[f"marginal_cpu_ms_per_bundle_{r.workers}"] = round(
+                1e3 * r.extra["marginal_cpu_s"], 2)
         for name, key in (("daskvine_fc", "DaskVine function-calls"),
                           ("distributed", "distributed")):
             peer = peers.get((key, r.workers))

@@ -48,7 +48,7 @@ make_venv() {  # make_venv DIR PIP-ARGS...
   "$dir/bin/python" -m pip install -q "$@"
 }
 
-make_venv .venv -e ".[analysis,coffea,xcache,taskvine,peers,test,dashboard,browser]"
+make_venv .venv -e ".[analysis,coffea,xcache,taskvine,peers,test,dashboard,browser,bench]"
 bash scripts/build_taskvine.sh --python .venv/bin/python
 
 if [ "$LEGACY" = 1 ]; then

@@ -11,6 +11,16 @@
   ranking them (a cost that grew with the workers, see ``benchmarks/README.md``): the
   choice must not change, so tasks pinned by a feature run on that worker, a task whose
   feature no worker has is never sent, and free tasks still run anywhere.
+- ``0004``: with every worker busy, the manager tries no ready task (one pass over the
+  workers instead of a pass per ready task), and a worker's libraries sit in a small table:
+  tasks beyond the pool's slots must still each run once, as slots free, never more at once
+  than there are slots; function calls beyond a library's slots likewise.
+- ``0005``: a task's description goes to its worker in one write, and a small buffer input
+  (a call's arguments, up to 64 KB) with its header lines in one more: the worker reads the
+  same stream, so calls with small and large arguments both run (every test with a cluster
+  runs through it).
+- Arguments and results of datavine's calls travel as TaskVine buffers
+  (:func:`datavine.manager.taskvine_port.in_memory_calls`): no staging file is made for them.
 """
 
 from __future__ import annotations
@@ -223,3 +233,64 @@ def test_tasks_pinned_by_a_feature_run_there_and_nowhere_else(tmp_path: Path) ->
             stop_session(worker.pid)
             worker.wait(timeout=10)
         rt.close()
+
+
+def start_workers(tmp_path: Path, port: int, n: int) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen(
+        [str(vine_binary("vine_worker")), "127.0.0.1", str(port), "--cores", "1",
+         "--workspace", str(tmp_path / f"w{i}"), "--timeout", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for i in range(n)]
+
+
+def test_tasks_beyond_the_slots_wait_and_each_runs_once(tmp_path: Path) -> None:
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager"))
+    workers = start_workers(tmp_path, rt.port, 2)
+    vine = rt.taskvine.vine
+    try:
+        until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == 2, 30)
+        assert rt.connected_workers() == 2
+        ids = []
+        for i in range(8):
+            task = vine.Task(f"date +%s.%N; sleep 0.3; echo {i}; date +%s.%N")
+            task.set_cores(1)
+            ids.append(rt.manager.submit(task))
+        spans: dict[int, tuple[float, float, str]] = {}
+        deadline = time.monotonic() + 90
+        while len(spans) < len(ids) and time.monotonic() < deadline:
+            task = rt.manager.wait(1)
+            if task is not None:
+                assert task.successful(), task.result
+                assert task.id not in spans, f"task {task.id} came back twice"
+                start, which, end = task.output.split()
+                spans[task.id] = (float(start), float(end), which)
+        assert len(spans) == len(ids), f"only {len(spans)} of {len(ids)} tasks ran"
+        assert sorted(w for _, _, w in spans.values()) == sorted(str(i) for i in range(8))
+        edges = sorted([(s, 1) for s, _, _ in spans.values()] +
+                       [(e, -1) for _, e, _ in spans.values()])
+        running = most = 0
+        for _, step in edges:
+            running += step
+            most = max(most, running)
+        assert most <= 2, f"{most} tasks ran at once on 2 one-core workers"
+    finally:
+        for worker in workers:
+            stop_session(worker.pid)
+            worker.wait(timeout=10)
+        rt.close()
+
+
+def test_calls_beyond_the_library_slots_all_run_from_memory(tmp_path: Path) -> None:
+    """More bundles than slots through datavine's library: every value comes back, and the
+    manager's staging folder holds no argument or output file of a call (buffers)."""
+    run_dir = tmp_path / "run"
+    with datavine.LocalCluster(workers=2, cores=1,
+                               manager=ManagerConfig(run_dir=run_dir)) as cluster:
+        graph: dict[object, object] = {("square", i): (pow, i, 2) for i in range(24)}
+        graph["total"] = (sum, [("square", i) for i in range(24)])
+        big = bytes(range(256)) * 1024  # 256 KB of arguments: past patch 0005's one write
+        graph["big"] = (len, big)
+        assert cluster.get(graph, ["total", "big"]) == (sum(i * i for i in range(24)), len(big))
+        staged = [p for p in run_dir.rglob("*") if p.is_file()
+                  and p.parent.name in ("arguments", "outputs")]
+        assert staged == [], f"calls left staging files: {staged[:3]}"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import (
     Any,
@@ -221,35 +221,64 @@ def _fits(value: object, hint: object) -> bool:
     """Does ``value`` have type ``hint``? Containers are checked element by element, down
     to ``Any`` and :data:`Key`; an int passes for a float, a bool for neither; a TypedDict is
     a dict with str keys."""
+    return _checker(hint)(value)
+
+
+Check = Callable[[object], bool]
+_CHECKERS: dict[object, Check] = {}
+
+
+def _checker(hint: object) -> Check:
+    """The test of :func:`_fits` for ``hint``, built once per type: a result is checked
+    for every bundle, and reading the type's structure each time was most of that cost."""
+    try:
+        return _CHECKERS[hint]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable hint: built each time
+        return _build_checker(hint)
+    check = _CHECKERS[hint] = _build_checker(hint)
+    return check
+
+
+def _build_checker(hint: object) -> Check:
     if hint is Any or hint is Key:
-        return True
+        return lambda value: True
     if hint is None or hint is type(None):
-        return value is None
+        return lambda value: value is None
     origin, args = get_origin(hint), get_args(hint)
     if origin in (Union, types.UnionType):
-        return any(_fits(value, arg) for arg in args)
+        options = tuple(_checker(arg) for arg in args)
+        return lambda value: any(check(value) for check in options)
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
     if is_typeddict(hint):
-        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+        return lambda value: isinstance(value, dict) and all(isinstance(k, str) for k in value)
     if origin is None:
-        return isinstance(hint, type) and isinstance(value, hint)
+        if not isinstance(hint, type):
+            return lambda value: False
+        kind = hint
+        return lambda value: isinstance(value, kind)
     if origin is dict:
-        key_type, value_type = args
-        return isinstance(value, dict) and all(
-            _fits(k, key_type) and _fits(v, value_type) for k, v in value.items())
+        key_ok, value_ok = _checker(args[0]), _checker(args[1])
+        return lambda value: isinstance(value, dict) and all(
+            key_ok(k) and value_ok(v) for k, v in value.items())
     if origin is list:
-        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+        item_ok = _checker(args[0])
+        return lambda value: isinstance(value, list) and all(item_ok(v) for v in value)
     if origin is tuple:
-        if not isinstance(value, tuple):
-            return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_fits(v, args[0]) for v in value)
-        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args,
-                                                                            strict=True))
-    return isinstance(origin, type) and isinstance(value, origin)
+            item_ok = _checker(args[0])
+            return lambda value: isinstance(value, tuple) and all(item_ok(v) for v in value)
+        each = tuple(_checker(arg) for arg in args)
+        return lambda value: (isinstance(value, tuple) and len(value) == len(each)
+                              and all(ok(v) for ok, v in zip(each, value, strict=True)))
+    if isinstance(origin, type):
+        container = origin
+        return lambda value: isinstance(value, container)
+    return lambda value: False
 
 
 def _type_name(hint: object) -> str:

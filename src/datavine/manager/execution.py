@@ -70,6 +70,10 @@ class GraphRun:
         self.bytes_at_start = rt.file_bytes()
         self.library = ""
         self.said = 0  # network findings printed so far
+        # (workers, cores) connected, as last sampled: every turn's Tick reads it, and a
+        # look at TaskVine's statistics walks every worker (~0.1 ms at 256), so the pool is
+        # looked at with the rest of the sample (REFRESH_S), not once per result
+        self.pool: tuple[int, int] = (0, 0)
 
     def execute(self) -> dict[Key, object]:
         self.library = self.rt.ensure_library()
@@ -87,7 +91,7 @@ class GraphRun:
                     if now - last_sample >= REFRESH_S:
                         events.append(self._sample(now))
                         last_sample = now
-                    events.append(Tick(now, *self.rt.pool_size()))
+                    events.append(Tick(now, *self.pool))
                     self._apply(state.handle(*events))
                     done = self.rt.wait(int(self.cfg.wait_s))
                     call = self.calls.pop(done.id, None) if done is not None else None
@@ -111,7 +115,8 @@ class GraphRun:
         self.rt.check_library()  # raises once the library keeps dying
         where = {call: addr for call, task in self.tasks.items()
                  if states[call] not in (TASK_READY, "") and (addr := self.rt.call_worker(task))}
-        sample = PoolSample(now, *self.rt.pool_size(), states,
+        self.pool = self.rt.pool_size()
+        sample = PoolSample(now, *self.pool, states,
                             requeued, frozenset(gone), frozenset(lost_addr),
                             self.rt.library_states(now), where)
         self.sink.pool(sample, self.state.learned.topology.workers.values())

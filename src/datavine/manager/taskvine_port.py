@@ -13,6 +13,7 @@ install, restart or warm up, and which workers left, are the callers'.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import socket
 import sys
 import uuid
@@ -106,6 +107,37 @@ def files_from_manager(manager: VineManager) -> Iterator[None]:
         del manager.declare_file  # the class's method again
 
 
+def in_memory_calls(vine: ModuleType) -> type:
+    """TaskVine's ``FunctionCall`` with its arguments and its result kept in the manager's
+    memory (TaskVine buffers) instead of two files in the staging folder.
+
+    The bindings write each call's arguments to a file (created, checksummed by reading it
+    back, sent, unlinked) and have its result written to another (created in the wait loop,
+    opened again to be read): on this host a file created costs the manager ~0.3-0.6 ms, the
+    largest part of its own cost per bundle (benchmarks/README.md, manager profile). A
+    buffer travels the same way on the wire (a ``put`` of the bytes; the result by
+    ``getfile``) and the library reads and writes the same ``infile`` and ``outfile``."""
+
+    class InMemoryCall(vine.FunctionCall):  # type: ignore[name-defined]
+        _event: dict[str, object] | None  # the call's arguments, until submitted
+
+        def submit_finalize(self) -> None:
+            manager = self.manager
+            library = self.get_library_required()
+            if not manager.check_library_exists(library):
+                raise ValueError(f"invalid library name '{library}'")
+            # plain data (the bundle is bytes already): pickle's C pickler, not cloudpickle's
+            event = pickle.dumps(self._event, protocol=pickle.HIGHEST_PROTOCOL)
+            self._input_file = manager.declare_buffer(event, cache=False, peer_transfer=True)
+            self._output_file = manager.declare_buffer(None, cache=False,
+                                                       peer_transfer=False)
+            self._event = None
+            self.add_input(self._input_file, "infile")
+            self.add_output(self._output_file, "outfile")
+
+    return InMemoryCall
+
+
 def import_taskvine() -> ModuleType:
     try:
         import ndcctools.taskvine as vine
@@ -191,6 +223,7 @@ class TaskVinePort:
                             **silence_tunes(manager_config.worker_timeout_s)}.items():
             self.manager.tune(name, value)
         self._calls: dict[int, VineTask] = {}  # bundles' calls in TaskVine, by task id
+        self._call_class = in_memory_calls(self.vine)
         self.library: str | None = None  # the installed library's name: bundles call it
 
     @property
@@ -246,8 +279,7 @@ class TaskVinePort:
         Returns its id."""
         if self.library is None:
             raise RuntimeError("no datavine library is installed: install_library() first")
-        call = self.vine.FunctionCall(self.library, "run_bundle", payload, cap_mb, preload,
-                                      limit_s)
+        call = self._call_class(self.library, "run_bundle", payload, cap_mb, preload, limit_s)
         call.set_cores(1)
         for name, file in (fetch or {}).items():
             call.add_input(file, name)
@@ -389,7 +421,7 @@ class TaskVinePort:
                        worker: str) -> int:
         """An empty bundle's call of ``library`` for the worker named ``worker`` (one core):
         it starts the library there. Its answer comes from :meth:`wait_task`."""
-        call = self.vine.FunctionCall(library, "run_bundle", payload, None, preload)
+        call = self._call_class(library, "run_bundle", payload, None, preload)
         call.set_cores(1)
         call.add_feature(worker_feature(worker))
         return int(self.manager.submit(call))
