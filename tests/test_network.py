@@ -196,6 +196,24 @@ def test_the_log_gives_each_workers_library_as_it_grows(tmp_path: Path) -> None:
     assert states == {A: LibraryState(LIBRARY_ENDED, 140.0)}
 
 
+def test_the_log_counts_libraries_that_ended_and_nothing_else(tmp_path: Path) -> None:
+    """The libraries' own logs are searched for tracebacks only when this count moves."""
+    path = tmp_path / "transactions"
+    path.write_bytes(LOG)
+    log = LibraryLog(path)
+    log.read(1.0)
+    assert log.ended == 0  # sent and started: none ended
+    with open(path, "ab") as f:
+        f.write(b"150 9 TASK 7 DONE SUCCESS  0 \n")  # a call, not a library
+    log.read(2.0)
+    assert log.ended == 0
+    with open(path, "ab") as f:
+        f.write(b"160 9 LIBRARY 5 FAILURE worker-bb\n"
+                b"161 9 TASK 6 DONE LIBRARY_EXIT  -1 \n")
+    log.read(3.0)
+    assert log.ended == 2  # library 5 failed, library 6's task ended
+
+
 def test_a_missing_log_reads_as_nothing_yet(tmp_path: Path) -> None:
     assert LibraryLog(tmp_path / "none").read(1.0) == {}
 

@@ -70,6 +70,7 @@ class LibraryLog:
         self.library_on: dict[str, str] = {}  # library task id -> worker id
         self.states: dict[str, LibraryState] = {}  # address -> its library
         self.hosts: dict[str, str] = {}  # address -> host name, as the runtime learns them
+        self.ended = 0  # library instances seen ending (failed, or their task done)
 
     def read(self, now: float) -> dict[str, LibraryState]:
         """The states after the lines written since the last read (``now``: the caller's
@@ -99,11 +100,15 @@ class LibraryLog:
                 self.hosts.pop(address, None)
         elif what == "done":
             worker = self.library_on.pop(first, None)
+            if worker is not None:
+                self.ended += 1
             address = self.address.get(worker or "")
             if address is not None and address in self.states:
                 self.states[address] = LibraryState(LIBRARY_ENDED, now,
                                                     self.hosts.get(address, ""))
         else:  # a library's state on a worker
+            if what == LIBRARY_ENDED:
+                self.ended += 1
             self.library_on[first] = second
             address = self.address.get(second)
             if address is not None:
