@@ -19,6 +19,9 @@
   (a call's arguments, up to 64 KB) with its header lines in one more: the worker reads the
   same stream, so calls with small and large arguments both run (every test with a cluster
   runs through it).
+- ``0006``: taking a result no longer walks every worker for statistics nothing read; the
+  result's report is still recorded, so TaskVine's capacity estimate (made from those
+  reports) still comes out of finished tasks.
 - Arguments and results of datavine's calls travel as TaskVine buffers
   (:func:`datavine.manager.taskvine_port.in_memory_calls`): no staging file is made for them.
 """
@@ -294,3 +297,34 @@ def test_calls_beyond_the_library_slots_all_run_from_memory(tmp_path: Path) -> N
         staged = [p for p in run_dir.rglob("*") if p.is_file()
                   and p.parent.name in ("arguments", "outputs")]
         assert staged == [], f"calls left staging files: {staged[:3]}"
+
+
+def test_finished_tasks_still_feed_the_capacity_estimate(tmp_path: Path) -> None:
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager"))
+    workers = start_workers(tmp_path, rt.port, 1)
+    vine = rt.taskvine.vine
+    try:
+        until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == 1, 30)
+        assert rt.connected_workers() == 1
+        default = rt.manager.stats.capacity_tasks  # no report yet: TaskVine's default (10)
+        for _ in range(4):
+            task = vine.Task("sleep 0.5")
+            task.set_cores(1)
+            rt.manager.submit(task)
+        done = 0
+        deadline = time.monotonic() + 60
+        while done < 4 and time.monotonic() < deadline:
+            task = rt.manager.wait(1)
+            if task is not None:
+                assert task.successful(), task.result
+                done += 1
+        assert done == 4
+        assert rt.manager.stats.tasks_done == 4
+        # estimated from the tasks' reports: 0.5 s of work against milliseconds of sending
+        # and taking each is a capacity of many tasks, above the default it starts from
+        assert rt.manager.stats.capacity_tasks > default, (default, rt.manager.stats.capacity_tasks)
+    finally:
+        for worker in workers:
+            stop_session(worker.pid)
+            worker.wait(timeout=10)
+        rt.close()
