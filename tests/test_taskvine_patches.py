@@ -28,13 +28,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -238,21 +239,29 @@ def test_tasks_pinned_by_a_feature_run_there_and_nowhere_else(tmp_path: Path) ->
         rt.close()
 
 
-def start_workers(tmp_path: Path, port: int, n: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen(
-        [str(vine_binary("vine_worker")), "127.0.0.1", str(port), "--cores", "1",
+@contextlib.contextmanager
+def manager_with_workers(tmp_path: Path, n: int) -> Iterator[Runtime]:
+    """A bare datavine manager with ``n`` one-core vine_workers connected; both stopped after."""
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager"))
+    workers = [subprocess.Popen(
+        [str(vine_binary("vine_worker")), "127.0.0.1", str(rt.port), "--cores", "1",
          "--workspace", str(tmp_path / f"w{i}"), "--timeout", "60"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         for i in range(n)]
+    try:
+        until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == n, 30)
+        assert rt.connected_workers() == n, f"only {rt.connected_workers()} of {n} connected"
+        yield rt
+    finally:
+        for worker in workers:
+            stop_session(worker.pid)
+            worker.wait(timeout=10)
+        rt.close()
 
 
 def test_tasks_beyond_the_slots_wait_and_each_runs_once(tmp_path: Path) -> None:
-    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager"))
-    workers = start_workers(tmp_path, rt.port, 2)
-    vine = rt.taskvine.vine
-    try:
-        until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == 2, 30)
-        assert rt.connected_workers() == 2
+    with manager_with_workers(tmp_path, 2) as rt:
+        vine = rt.taskvine.vine
         ids = []
         for i in range(8):
             task = vine.Task(f"date +%s.%N; sleep 0.3; echo {i}; date +%s.%N")
@@ -276,11 +285,6 @@ def test_tasks_beyond_the_slots_wait_and_each_runs_once(tmp_path: Path) -> None:
             running += step
             most = max(most, running)
         assert most <= 2, f"{most} tasks ran at once on 2 one-core workers"
-    finally:
-        for worker in workers:
-            stop_session(worker.pid)
-            worker.wait(timeout=10)
-        rt.close()
 
 
 def test_calls_beyond_the_library_slots_all_run_from_memory(tmp_path: Path) -> None:
@@ -300,12 +304,8 @@ def test_calls_beyond_the_library_slots_all_run_from_memory(tmp_path: Path) -> N
 
 
 def test_finished_tasks_still_feed_the_capacity_estimate(tmp_path: Path) -> None:
-    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager"))
-    workers = start_workers(tmp_path, rt.port, 1)
-    vine = rt.taskvine.vine
-    try:
-        until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == 1, 30)
-        assert rt.connected_workers() == 1
+    with manager_with_workers(tmp_path, 1) as rt:
+        vine = rt.taskvine.vine
         default = rt.manager.stats.capacity_tasks  # no report yet: TaskVine's default (10)
         for _ in range(4):
             task = vine.Task("sleep 0.5")
@@ -322,9 +322,5 @@ def test_finished_tasks_still_feed_the_capacity_estimate(tmp_path: Path) -> None
         assert rt.manager.stats.tasks_done == 4
         # estimated from the tasks' reports: 0.5 s of work against milliseconds of sending
         # and taking each is a capacity of many tasks, above the default it starts from
-        assert rt.manager.stats.capacity_tasks > default, (default, rt.manager.stats.capacity_tasks)
-    finally:
-        for worker in workers:
-            stop_session(worker.pid)
-            worker.wait(timeout=10)
-        rt.close()
+        assert rt.manager.stats.capacity_tasks > default, (default,
+                                                           rt.manager.stats.capacity_tasks)
