@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -225,20 +226,13 @@ def _fits(value: object, hint: object) -> bool:
 
 
 Check = Callable[[object], bool]
-_CHECKERS: dict[object, Check] = {}
 
 
+@functools.cache
 def _checker(hint: object) -> Check:
     """The test of :func:`_fits` for ``hint``, built once per type: a result is checked
     for every bundle, and reading the type's structure each time was most of that cost."""
-    try:
-        return _CHECKERS[hint]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable hint: built each time
-        return _build_checker(hint)
-    check = _CHECKERS[hint] = _build_checker(hint)
-    return check
+    return _build_checker(hint)
 
 
 def _build_checker(hint: object) -> Check:
