@@ -193,7 +193,8 @@ def sink_cost_us(n: int = 20_000) -> float:
     from datavine.dashboard.events import EventSink
     from datavine.manager.port import Finished
     from datavine.scheduler.bundling import Bundle
-    from datavine.scheduler.run_state import Inflight, Submit
+    from datavine.scheduler.run_messages import Submit
+    from datavine.scheduler.run_state import Inflight
     from datavine.scheduler.topology import Target
 
     spec = {"nodes": [(("chunk", 0), None)]}

@@ -24,7 +24,7 @@ import cloudpickle
 from datavine.config import RunConfig
 from datavine.manager.port import Finished
 from datavine.protocol import BundleResult, Status
-from datavine.scheduler.run_state import Learned
+from datavine.scheduler.learned import Learned
 from datavine.worker import remote
 
 # script(call number, encoded spec) -> the fields of a BundleResult to return instead (a

@@ -30,7 +30,7 @@ from datavine.scheduler.lifecycle import (
 )
 from datavine.scheduler.memory import MemoryPolicy
 from datavine.scheduler.placement import PlacementPolicy
-from datavine.scheduler.run_state import (
+from datavine.scheduler.run_messages import (
     CallDone,
     CallWithdrawn,
     Fail,

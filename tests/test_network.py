@@ -11,6 +11,7 @@ from typing import Any
 from datavine.config import ConfigError, RunConfig
 from datavine.manager.library_log import LibraryLog, library_event
 from datavine.scheduler import graph as graphs
+from datavine.scheduler.learned import Learned
 from datavine.scheduler.network import (
     ALL_WORKERS,
     LIBRARY_ENDED,
@@ -20,16 +21,15 @@ from datavine.scheduler.network import (
     NetworkWatch,
     overdue,
 )
-from datavine.scheduler.run_state import (
+from datavine.scheduler.run_messages import (
     CallWithdrawn,
-    Learned,
     Network,
     PoolSample,
-    RunState,
     Submit,
     Tick,
     Withdraw,
 )
+from datavine.scheduler.run_state import RunState
 from datavine.scheduler.summary import RunSummary
 
 A, B, C = "198.18.11.11:4000", "198.18.12.11:4000", "198.18.12.12:4000"

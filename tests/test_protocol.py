@@ -17,8 +17,10 @@ import datavine.protocol as protocol
 from datavine.config import RunConfig
 from datavine.protocol import PROTOCOL, BundleResult, BundleSpec, ProtocolError, Status
 from datavine.scheduler import graph as graphs
+from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import Phase
-from datavine.scheduler.run_state import CallDone, Fail, Learned, RunState, Submit, Tick
+from datavine.scheduler.run_messages import CallDone, Fail, Submit, Tick
+from datavine.scheduler.run_state import RunState
 from datavine.worker import remote
 
 CFG = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, bundles_per_slot=1)

@@ -25,21 +25,21 @@ from datavine.errors import (
 )
 from datavine.protocol import BundleResult, Status
 from datavine.scheduler import graph as graphs
+from datavine.scheduler.learned import Learned
 from datavine.scheduler.memory import MemoryPolicy
-from datavine.scheduler.run_state import (
+from datavine.scheduler.run_messages import (
     CallDone,
     CallWithdrawn,
     Deliver,
     DropTemp,
     Fail,
     Instruction,
-    Learned,
     PoolSample,
-    RunState,
     Submit,
     Tick,
     Withdraw,
 )
+from datavine.scheduler.run_state import RunState
 from datavine.worker import remote
 
 CFG = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, bundles_per_slot=1,

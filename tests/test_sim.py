@@ -162,7 +162,7 @@ def test_equal_shares_make_the_slowest_xcache_node_the_bottleneck() -> None:
 
 
 def test_memory_overruns_are_retried_under_a_larger_cap_by_datavines_policy() -> None:
-    from datavine.scheduler.run_state import Submit
+    from datavine.scheduler.run_messages import Submit
 
     policy = MemoryPolicy(default_mb=512, floor_mb=256, ceiling_mb=4096, step_mb=64)
     work = Workload(n_files=30, events_per_file=100_000, spread=0.0, bytes_per_event=10.0,

@@ -305,7 +305,7 @@ def test_a_busy_group_still_says_its_tier_is_worth_waiting_for() -> None:
     assert not topo.has_room(("rack", "A")) and topo.has_room(("rack", "B"))
     topo.returned(Target(worker="w-a"))
     assert topo.has_room(("rack", "A"))
-    assert topo.gains_since(0) is not None and ("rack", "A") in (topo.gains_since(0) or [])
+    assert topo.gains.since(0) is not None and ("rack", "A") in (topo.gains.since(0) or [])
 
 
 def test_a_worker_that_left_is_named_once() -> None:

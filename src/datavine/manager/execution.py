@@ -26,8 +26,7 @@ from datavine.dashboard.events import NO_SINK, NullSink
 from datavine.manager.port import ResultHook, RunPort
 from datavine.manager.progress import RunProgress
 from datavine.scheduler import graph as graphs
-from datavine.scheduler.run_state import (
-    TASK_READY,
+from datavine.scheduler.run_messages import (
     CallDone,
     CallWithdrawn,
     Deliver,
@@ -37,11 +36,11 @@ from datavine.scheduler.run_state import (
     Instruction,
     Network,
     PoolSample,
-    RunState,
     Submit,
     Tick,
     Withdraw,
 )
+from datavine.scheduler.run_state import TASK_READY, RunState
 from datavine.scheduler.summary import network_line
 
 Key = Hashable

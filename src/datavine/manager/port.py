@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from datavine.scheduler.learned import Learned
     from datavine.scheduler.network import LibraryState
-    from datavine.scheduler.run_state import Learned
     from datavine.scheduler.summary import RunSummary
 
 Key = Hashable

@@ -5,7 +5,7 @@
 the library's lifecycle (:class:`datavine.manager.library.DatavineLibrary`) and the watch on
 the workers (:class:`datavine.manager.worker_watch.WorkerWatch`), with what a manager learns
 across runs (task costs, memory peaks per category, the workers it has seen: one
-:class:`datavine.scheduler.run_state.Learned`). ``Runtime.get`` is a dask scheduler; each call
+:class:`datavine.scheduler.learned.Learned`). ``Runtime.get`` is a dask scheduler; each call
 is one :class:`datavine.manager.execution.GraphRun`, which drives one
 :class:`datavine.scheduler.run_state.RunState` through the runtime as a
 :class:`datavine.manager.port.RunPort`; the values each run delivers go to the hooks
@@ -36,9 +36,9 @@ from datavine.manager.taskvine_types import VineManager
 from datavine.manager.worker_watch import WorkerWatch
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import CostModel
+from datavine.scheduler.learned import Learned
 from datavine.scheduler.memory import MemoryState
 from datavine.scheduler.network import LibraryState
-from datavine.scheduler.run_state import Learned
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Topology
 

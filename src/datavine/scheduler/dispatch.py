@@ -51,7 +51,7 @@ class Dispatcher:
         self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
         self.anywhere: set[Key] = set()  # tasks whose last try crashed: placed anywhere next
         self.decisions = 0
-        self._gains_read = topology.gains_end
+        self._gains_read = topology.gains.end
         self._state: tuple[object, ...] = ()  # what every decision depends on (_catch_up)
 
     def fill(self, now: float, slots: int, inflight: int) -> list[tuple[Bundle, Target,
@@ -109,8 +109,8 @@ class Dispatcher:
         worker left or changed, a shard failed or came back, a crash sent tasks anywhere,
         slots per core): then all are due."""
         topology = self.topology
-        gains = topology.gains_since(self._gains_read)
-        self._gains_read = topology.gains_end
+        gains = topology.gains.since(self._gains_read)
+        self._gains_read = topology.gains.end
         failed = tuple(self.health.failed(now)) if self.shardmap is not None else ()
         state = (topology.epoch, failed, topology.bundles_per_core, len(self.anywhere))
         if gains is None or state != self._state:

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from datavine.scheduler.bundling import Bundle
+from datavine.scheduler.gains import WakeKey
 from datavine.scheduler.placement import TaskInputs
-from datavine.scheduler.topology import WakeKey
 
 
 @dataclass(eq=False, slots=True)

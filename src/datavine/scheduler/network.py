@@ -21,7 +21,7 @@ reads. It decides:
   by that shard, **cannot reach** it: said, its reads keep failing over.
 
 Each decision is a :class:`Finding` (which worker, what failed, what was done) for the run
-summary and the log. The watch lives in :class:`datavine.scheduler.run_state.Learned`: what
+summary and the log. The watch lives in :class:`datavine.scheduler.learned.Learned`: what
 it blocked and turned off stays so in the manager across runs.
 """
 

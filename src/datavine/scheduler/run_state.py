@@ -7,13 +7,9 @@ flight, the values at the manager and those kept on workers, retry counts) and
 and never sees TaskVine: calls are numbered here, temp files are numbered here, and the driver
 (:mod:`datavine.manager.execution`) maps both onto TaskVine's objects through the runtime's port.
 
-Events: :class:`Tick` (the loop turned; the pool's size), :class:`PoolSample` (the calls'
-TaskVine states, calls TaskVine requeued by itself, workers that left), :class:`CallDone` (a
-call's :class:`datavine.protocol.BundleResult`, or why there is none) and
-:class:`CallWithdrawn` (a call cancelled before a worker took it, as asked). Instructions:
-:class:`Submit` (a :class:`datavine.protocol.BundleSpec`), :class:`Withdraw` (cancel if not
-dispatched yet), :class:`DropTemp`, :class:`Deliver` (values for progress and the result
-hook) and :class:`Fail` (the run cannot succeed: raise this).
+Its events (:class:`~datavine.scheduler.run_messages.Tick`, ``PoolSample``, ``CallDone``,
+``CallWithdrawn``) and instructions (``Submit``, ``Withdraw``, ``DropTemp``, ``Deliver``,
+``Network``, ``Fail``) are the records of :mod:`datavine.scheduler.run_messages`.
 
 Each bundle moves through the phases of :mod:`datavine.scheduler.lifecycle` (held, sent,
 running, withdrawing, then done, retried, failed over, withdrawn, failed or abandoned) in
@@ -25,7 +21,8 @@ the calls in flight, the dispatcher's held bundles and the planner agree.
 The decisions are the pure modules': bundles from :mod:`datavine.scheduler.bundling`, placement from
 :mod:`datavine.scheduler.dispatch`, caps from :mod:`datavine.scheduler.memory`, kept values from
 :mod:`datavine.scheduler.intermediates`. What a manager learns across runs (costs, memory peaks,
-workers and racks, shard health) is one :class:`Learned` handed in.
+workers and racks, shard health) is one
+:class:`~datavine.scheduler.learned.Learned` handed in.
 """
 
 from __future__ import annotations
@@ -48,179 +45,38 @@ from datavine.errors import (
     TaskLoadError,
     TaskTimeLimitError,
 )
-from datavine.io.shards import ShardHealth, logical_name
+from datavine.io.shards import logical_name
 from datavine.protocol import BundleResult, BundleSpec, ProtocolError, Status
 from datavine.scheduler import graph as graphs
-from datavine.scheduler.bundling import Bundle, CostModel, Planner
+from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.dispatch import Dispatcher
 from datavine.scheduler.inputs import task_files
 from datavine.scheduler.intermediates import Intermediates, Plan
+from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
-from datavine.scheduler.memory import GiveUp, MemoryState
-from datavine.scheduler.network import Finding, LibraryState, NetworkWatch
+from datavine.scheduler.memory import GiveUp
+from datavine.scheduler.network import Finding
 from datavine.scheduler.placement import Placement, placement_off_reason
+from datavine.scheduler.run_messages import (
+    CallDone,
+    CallWithdrawn,
+    Deliver,
+    DropTemp,
+    Event,
+    Fail,
+    Instruction,
+    Network,
+    PoolSample,
+    Submit,
+    Tick,
+    Withdraw,
+)
 from datavine.scheduler.summary import RunSummary
-from datavine.scheduler.topology import Target, Topology, counted_tier
+from datavine.scheduler.topology import Target, counted_tier
 
 Key = Hashable
 TASK_READY = "READY"  # TaskVine's state of a call submitted and not dispatched to a worker
 STORY_LINES = 20  # a failed run's error notes at most this many steps of its bundle's story
-
-
-@dataclass
-class Learned:
-    """What a manager learns across runs and hands to each: task costs per category, memory
-    peaks and caps, the workers it has seen (and their racks), shards seen failing, workers
-    dropped for the network (:mod:`datavine.scheduler.network`), and the largest output
-    seen per kind of task (category and function, ``TaskGraph.output_kind``: a kind whose
-    outputs came back small makes no temp file in the next run's first bundles either,
-    :mod:`datavine.scheduler.intermediates`)."""
-
-    costs: CostModel
-    memory: MemoryState | None
-    topology: Topology
-    shard_health: ShardHealth
-    network: NetworkWatch = field(default_factory=NetworkWatch)
-    largest_output: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def fresh(cls, run: RunConfig, here: str = "localhost") -> Learned:
-        """Nothing learned yet; ``here``: the manager's host name (what loopback means)."""
-        return cls(CostModel(), MemoryState(run.memory) if run.memory is not None else None,
-                   Topology(run.bundles_per_slot, racks=run.racks, here=here), ShardHealth())
-
-
-# --- events -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Tick:
-    """The loop turned at ``now``, with this many workers and cores connected."""
-
-    now: float
-    workers: int
-    cores: int
-
-
-@dataclass(frozen=True)
-class PoolSample:
-    """A look at the pool (about once a second): each call's TaskVine state, calls TaskVine
-    put back in its queue by itself, named workers that left, addresses that disconnected;
-    each worker's library (by address) and the address of each call a worker took."""
-
-    now: float
-    workers: int
-    cores: int
-    states: Mapping[int, str]
-    requeued: frozenset[int] = frozenset()
-    gone: frozenset[str] = frozenset()
-    lost_addr: frozenset[str] = frozenset()
-    libraries: Mapping[str, LibraryState] = field(default_factory=dict)
-    where: Mapping[int, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CallDone:
-    """A call came back: the library's result, or ``None`` and why (``failure``: its worker
-    or library died under it; ``unreadable``: it came back in a form this datavine does not
-    read, and the run fails with that error)."""
-
-    call: int
-    result: BundleResult | None
-    addrport: str | None
-    now: float
-    failure: str = ""
-    unreadable: ProtocolError | None = None
-
-    @classmethod
-    def received(cls, call: int, data: Mapping[str, Any] | None, addrport: str | None,
-                 now: float, failure: str = "") -> CallDone:
-        """A call's result as it came over the wire (an encoded
-        :class:`datavine.protocol.BundleResult`, or None), decoded here."""
-        if data is None:
-            return cls(call, None, addrport, now, failure)
-        try:
-            return cls(call, BundleResult.decode(data, addrport), addrport, now)
-        except ProtocolError as exc:
-            return cls(call, None, addrport, now, str(exc), unreadable=exc)
-
-
-@dataclass(frozen=True)
-class CallWithdrawn:
-    """A call this state asked to withdraw was cancelled before any worker ran it."""
-
-    call: int
-
-
-Event = Tick | PoolSample | CallDone | CallWithdrawn
-
-
-# --- instructions -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Submit:
-    """Send a bundle as call ``call``: ``fetch``/``store`` map sandbox file names to temp
-    numbers (a number not seen before is a new temp to declare)."""
-
-    call: int
-    spec: BundleSpec
-    cap_mb: float | None
-    preload: tuple[str, ...]
-    limit_s: float | None
-    target: Target
-    fetch: dict[str, int]
-    store: dict[str, int]
-
-    @property
-    def keys(self) -> list[Key]:
-        return self.spec.keys
-
-    @property
-    def features(self) -> tuple[str, ...]:
-        """TaskVine features that pin the call to its worker or rack (none: anywhere)."""
-        return tuple(self.target.features())
-
-
-@dataclass(frozen=True)
-class Withdraw:
-    """Cancel ``call`` if no worker took it yet, and answer :class:`CallWithdrawn`; a call
-    already running is left to finish, unless ``running``: its worker's library never
-    started, so nothing runs it."""
-
-    call: int
-    running: bool = False
-
-
-@dataclass(frozen=True)
-class DropTemp:
-    """Temp ``temp`` is not needed any more: undeclare it (workers delete it)."""
-
-    temp: int
-
-
-@dataclass(frozen=True)
-class Deliver:
-    """Tasks finished: ``values`` are those that came back to the manager."""
-
-    keys: list[Key]
-    values: dict[Key, Any]
-
-
-@dataclass(frozen=True)
-class Network:
-    """Change TaskVine for the network (:mod:`datavine.scheduler.network`): block hosts,
-    unblock others, turn peer transfers off."""
-
-    block: tuple[str, ...] = ()
-    unblock: tuple[str, ...] = ()
-    peers_off: bool = False
-
-
-@dataclass(frozen=True)
-class Fail:
-    """The run cannot succeed: raise ``error``."""
-
-    error: BaseException
-
-
-Instruction = Submit | Withdraw | DropTemp | Deliver | Network | Fail
 
 
 class _Failed(Exception):

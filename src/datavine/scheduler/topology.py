@@ -24,7 +24,7 @@ take bundles, so that a decision costs the same with ten workers or a hundred th
   and hosts, and the readers (:meth:`Topology.candidates`), and decides as it would on every
   near worker (:meth:`Topology.near`);
 - where room was gained (a slot returned, a worker joined, a file read:
-  :meth:`Topology.gains_since`) and whether any decision may have changed otherwise
+  :class:`~datavine.scheduler.gains.GainLog`) and whether any decision may have changed otherwise
   (``epoch``: a worker left or changed), so that the dispatcher looks again only at the held
   bundles that may run now (:mod:`datavine.scheduler.held`).
 
@@ -36,68 +36,23 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from datavine.io.shards import Shard
-from datavine.scheduler.labels import labels_of, rack_feature, worker_feature
+from datavine.scheduler.gains import GainLog, WakeKey
+from datavine.scheduler.known_workers import KnownWorker, SeenWorker
+from datavine.scheduler.labels import rack_feature, worker_feature
 from datavine.scheduler.least_busy import LeastBusy
 from datavine.scheduler.placement import Placement, TaskInputs, Tier, WorkerView, shard_host
 from datavine.scheduler.racks import RackMap, address_of, is_loopback, normal_host
 
 CANDIDATES_PER_GROUP = 1  # free workers a decision is shown from each group (see candidates)
-GAINS_KEPT = 1 << 16  # gains kept for a reader that does not come (see gains_since)
 # Wake keys (Topology.wake_keys): where room can be gained, as (kind, name).
 WORKER, RACK, SHARE, HOST, FILE = "worker", "rack", "share", "host", "file"
-WakeKey = tuple[str, str]
 # A group of workers ordered by load (LeastBusy): (RACK, rack, cores, named) or
 # (HOST, host, rack, cores, named).
 Group = tuple[Any, ...]
-
-
-@dataclass(slots=True)
-class KnownWorker:
-    """One worker: ``id`` is its datavine name, else its TaskVine address; ``host`` its
-    normalised host name."""
-
-    id: str
-    rack: str | None
-    cores: int = 1
-    named: bool = False  # has the feature worker:<id>
-    addrport: str | None = None
-    files_read: set[str] = field(default_factory=set)  # its views hand placement this set
-    host: str | None = None
-
-
-@dataclass(frozen=True)
-class SeenWorker:
-    """One entry of TaskVine's list of connected workers, as placement needs it.
-
-    ``complete``: the worker reported its resources, which it does after its features (one
-    ordered stream): its name and rack, if it has any, are known."""
-
-    addrport: str
-    hostname: str | None
-    cores: int
-    name: str | None = None
-    rack: str | None = None
-    complete: bool = True
-
-    @classmethod
-    def from_status(cls, entry: Mapping[str, Any]) -> SeenWorker | None:
-        """From an entry of ``Manager.status("workers")``; None when it names no address.
-        Its ``features`` (a list, from a TaskVine that lists them) may be missing."""
-        addrport = entry.get("addrport")
-        if not isinstance(addrport, str) or not addrport:
-            return None
-        hostname = entry.get("hostname")
-        hostname = hostname if isinstance(hostname, str) and hostname != "unknown" else None
-        cores = entry.get("cores_total", entry.get("ncpus", 0))
-        cores = cores if isinstance(cores, int) and not isinstance(cores, bool) else 0
-        features = entry.get("features")
-        name, rack = labels_of(f for f in features if isinstance(f, str)) if isinstance(
-            features, list) else (None, None)
-        return cls(addrport, hostname, max(cores, 0), name, rack, complete=cores > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +109,10 @@ class Topology:
         self._shard_hosts: dict[str, str | None] = {}  # shard URL -> normalised host
         self._shard_names: set[str] = set()  # those hosts
         self._targets: dict[tuple[str | None, str | None], Target] = {}
-        # What a held bundle waits on: room gained (wake keys, gains_since) and, for any
+        # What a held bundle waits on: room gained (wake keys, :attr:`gains`) and, for any
         # other change that may let it run (a worker left or changed), the epoch.
         self.epoch = 0
-        self._gains: list[WakeKey] = []
-        self._gains_base = 0
+        self.gains = GainLog()
 
     # --- learning -----------------------------------------------------------------------
     def announce(self, worker_id: str, rack: str | None, cores: int,
@@ -256,7 +210,7 @@ class Topology:
             if lfn not in known.files_read:
                 known.files_read.add(lfn)
                 self._readers[lfn].add(known.id)
-                self._gain((FILE, lfn))
+                self.gains.add((FILE, lfn))
 
     def _mapped_rack(self, hostname: str | None, address: str | None) -> str | None:
         if self.racks is None:
@@ -333,11 +287,11 @@ class Topology:
             self.epoch += 1
         self._index(known)
         if before is None:
-            self._gain((WORKER, known.id))
+            self.gains.add((WORKER, known.id))
             if known.rack is not None:  # its rack's share of rack-wide bundles is spread thinner
-                self._gain((RACK, known.rack), (SHARE, known.rack))
+                self.gains.add((RACK, known.rack), (SHARE, known.rack))
             if known.host is not None:
-                self._gain((HOST, known.host))
+                self.gains.add((HOST, known.host))
 
     def _index(self, known: KnownWorker) -> None:
         wid = known.id
@@ -422,29 +376,6 @@ class Topology:
         self.epoch += 1
 
     # --- what decisions are told --------------------------------------------------------
-    def _gain(self, *keys: WakeKey) -> None:
-        gains = self._gains
-        gains.extend(keys)
-        if len(gains) > GAINS_KEPT:  # nobody reads them (no run): keep the newest half
-            half = len(gains) // 2
-            del gains[:half]
-            self._gains_base += half
-
-    @property
-    def gains_end(self) -> int:
-        """Where the next gain will be written (:meth:`gains_since`)."""
-        return self._gains_base + len(self._gains)
-
-    def gains_since(self, cursor: int) -> list[WakeKey] | None:
-        """Where room or nearness was gained since ``cursor`` (a :attr:`gains_end`), as wake
-        keys (:meth:`wake_keys`): a worker's slot returned (the worker, its rack, its host),
-        a rack-wide bundle returned or a worker joined (its rack, and its rack's share), a
-        file read by one more worker (the file). None when some were dropped (too many
-        since): take everything as changed, as after a change of :attr:`epoch`."""
-        if cursor < self._gains_base:
-            return None
-        return self._gains[cursor - self._gains_base:]
-
     # --- what placement sees ------------------------------------------------------------
     def shard_host(self, shard: Shard) -> str | None:
         """The host a shard runs on, as workers' hosts are named: a shard given by an
@@ -521,7 +452,7 @@ class Topology:
         return int(self._per_rack.get(rack, 0) * cores / self._rack_cores[rack] + 0.999)
 
     def wake_keys(self, task: TaskInputs, waits_for: Tier) -> frozenset[WakeKey]:
-        """Where room must be gained (:meth:`gains_since`) before ``task``, held while it
+        """Where room must be gained (:attr:`gains`) before ``task``, held while it
         waits for a worker of tier ``waits_for`` or better, could run: the workers that read
         its files (and their racks' shares), its files (one more reader), and when it waits
         for its rack, the files' racks and hosts (and the shares of the racks on those
@@ -606,7 +537,7 @@ class Topology:
 
     def returned(self, target: Target) -> None:
         """A bundle sent to ``target`` came back (or was given up): its slot is free, which
-        is room gained there (:meth:`gains_since`)."""
+        is room gained there (:attr:`gains`)."""
         self.inflight[target] -= 1
         if self.inflight[target] <= 0:
             del self.inflight[target]
@@ -619,13 +550,13 @@ class Topology:
         if target.worker is not None:
             known = self._regroup(target.worker)
             if known is not None:
-                self._gain((WORKER, known.id))
+                self.gains.add((WORKER, known.id))
                 if known.rack is not None:
-                    self._gain((RACK, known.rack))
+                    self.gains.add((RACK, known.rack))
                 if known.host is not None:
-                    self._gain((HOST, known.host))
+                    self.gains.add((HOST, known.host))
         elif target.rack is not None:
-            self._gain((RACK, target.rack), (SHARE, target.rack))
+            self.gains.add((RACK, target.rack), (SHARE, target.rack))
 
     def _regroup(self, wid: str) -> KnownWorker | None:
         """``wid``'s bundles in flight changed: its place in its groups too."""

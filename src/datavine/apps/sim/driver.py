@@ -60,8 +60,10 @@ from datavine.io.shards import Shard, ShardHealth, ShardMap
 from datavine.protocol import BundleResult, Status
 from datavine.scheduler.bundling import CostModel
 from datavine.scheduler.graph import TaskGraph
+from datavine.scheduler.learned import Learned
 from datavine.scheduler.memory import MemoryState
-from datavine.scheduler.run_state import CallDone, Fail, Learned, RunState, Submit, Tick
+from datavine.scheduler.run_messages import CallDone, Fail, Submit, Tick
+from datavine.scheduler.run_state import RunState
 from datavine.scheduler.topology import Topology
 
 FILE_CATEGORY, MERGE_CATEGORY = "process-file", "merge"
