@@ -22,6 +22,13 @@
 - ``0006``: taking a result no longer walks every worker for statistics nothing read; the
   result's report is still recorded, so TaskVine's capacity estimate (made from those
   reports) still comes out of finished tasks.
+- ``0007``: a worker whose watched file grew is asked for its updates, and no other worker:
+  the manager's debug log shows every ``send_results`` to a worker after that worker's own
+  ``available_results``.
+- ``0008``: the performance log gets a row at most once per its interval, not one per
+  result: dozens of results in a second add a row or two.
+- ``0009``: a library logs its count of running functions when it changes, not every 5 s:
+  an idle library's log (watched by the manager) does not grow.
 - Arguments and results of datavine's calls travel as TaskVine buffers
   (:func:`datavine.manager.taskvine_port.in_memory_calls`): no staging file is made for them.
 """
@@ -240,9 +247,9 @@ def test_tasks_pinned_by_a_feature_run_there_and_nowhere_else(tmp_path: Path) ->
 
 
 @contextlib.contextmanager
-def manager_with_workers(tmp_path: Path, n: int) -> Iterator[Runtime]:
+def manager_with_workers(tmp_path: Path, n: int, debug_log: bool = False) -> Iterator[Runtime]:
     """A bare datavine manager with ``n`` one-core vine_workers connected; both stopped after."""
-    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager"))
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager", debug_log=debug_log))
     workers = [subprocess.Popen(
         [str(vine_binary("vine_worker")), "127.0.0.1", str(rt.port), "--cores", "1",
          "--workspace", str(tmp_path / f"w{i}"), "--timeout", "60"],
@@ -324,3 +331,75 @@ def test_finished_tasks_still_feed_the_capacity_estimate(tmp_path: Path) -> None
         # and taking each is a capacity of many tasks, above the default it starts from
         assert rt.manager.stats.capacity_tasks > default, (default,
                                                            rt.manager.stats.capacity_tasks)
+
+
+def run_all(rt: Runtime, ids: list[int], timeout_s: float = 60) -> None:
+    """Wait until every task of ``ids`` came back successful."""
+    left = set(ids)
+    deadline = time.monotonic() + timeout_s
+    while left and time.monotonic() < deadline:
+        task = rt.manager.wait(1)
+        if task is not None:
+            assert task.successful(), (task.id, task.result, task.output)
+            left.discard(task.id)
+    assert not left, f"tasks {sorted(left)} did not finish in {timeout_s} s"
+
+
+def test_only_the_worker_with_news_is_asked_for_its_watched_files(tmp_path: Path) -> None:
+    with manager_with_workers(tmp_path, 2, debug_log=True) as rt:
+        vine = rt.taskvine.vine
+        out = rt.manager.declare_file(str(tmp_path / "grows.txt"))
+        # 7 s: a worker looks at its watched files when it wakes, at least every 5 s
+        task = vine.Task("for i in $(seq 14); do echo $i >> grows.txt; sleep 0.5; done")
+        task.set_cores(1)
+        task.add_output(out, "grows.txt", watch=True)
+        run_all(rt, [rt.manager.submit(task)])
+        assert (tmp_path / "grows.txt").read_text().split() == [str(i) for i in range(1, 15)]
+        log = (rt.taskvine.info_dir / "vine-logs" / "debug").read_text(errors="replace")
+    announced: dict[str, bool] = {}
+    asked: dict[str, int] = {}
+    for line in log.splitlines():
+        said = re.search(r"(?:rx from|tx to) \S+ \(([^)]+)\): (available_results|send_results)",
+                         line)
+        if said is None:
+            continue
+        worker, what = said.groups()
+        if what == "available_results":
+            announced[worker] = True
+        else:
+            assert announced.get(worker), f"{worker} was asked for results it never announced"
+            announced[worker] = False
+            asked[worker] = asked.get(worker, 0) + 1
+    assert len(asked) == 1 and sum(asked.values()) >= 1, asked  # the task's worker, only
+
+
+def test_the_performance_log_keeps_its_interval_under_many_results(tmp_path: Path) -> None:
+    with manager_with_workers(tmp_path, 1) as rt:
+        perf_log = rt.taskvine.info_dir / "vine-logs" / "performance"
+        rows_before = len(perf_log.read_text().splitlines())
+        vine = rt.taskvine.vine
+        ids = []
+        for _ in range(40):
+            task = vine.Task("true")
+            task.set_cores(1)
+            ids.append(rt.manager.submit(task))
+        started = time.monotonic()
+        run_all(rt, ids)
+        seconds = time.monotonic() - started
+        added = len(perf_log.read_text().splitlines()) - rows_before
+    # a row per interval (5 s by default) that saw a change, not one per result (40)
+    assert added <= seconds / 5 + 2, (added, seconds)
+
+
+def test_an_idle_library_does_not_grow_its_watched_log(tmp_path: Path) -> None:
+    with datavine.LocalCluster(workers=1, cores=1,
+                               manager=ManagerConfig(run_dir=tmp_path / "run")) as cluster:
+        assert cluster.get({"one": (abs, -1)}, "one") == 1  # the library is up
+        manager = cluster.runtime.taskvine.manager
+        idle_until = time.monotonic() + 12  # two of the library's 5-s log periods, and more
+        while time.monotonic() < idle_until:
+            manager.wait(1)  # the manager takes what the worker says meanwhile
+        logs = list((cluster.runtime.taskvine.info_dir / "library-logs").glob("*.log"))
+        assert logs, "no library log was watched"
+        counts = [log.read_text().count("functions running concurrently") for log in logs]
+    assert counts == [1] * len(logs), counts  # the first count, and no repeat of it
