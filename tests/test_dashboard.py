@@ -38,6 +38,7 @@ from datavine.dashboard.model import (
 from datavine.manager.execution import GraphRun
 from datavine.protocol import Status
 from datavine.scheduler import graph as graphs
+from datavine.scheduler.known_workers import KnownWorker
 from datavine.scheduler.summary import RunSummary
 from tests.fake_runtime import FakeRuntime
 
@@ -301,6 +302,28 @@ def test_the_sink_writes_every_half_second_and_at_pool_looks(tmp_path: Path) -> 
     sink.emit({"k": "sent", "call": 3})
     sink.close()
     assert [r["call"] for r in tail.read()] == [3]
+
+
+def test_pool_records_name_the_workers_only_when_they_changed(tmp_path: Path) -> None:
+    """The sink leaves an unchanged worker list out of a pool record (at 256 workers it was
+    most of the record's cost, once a second); the board folds such a record with the list
+    it read last, so the workers' states still follow the calls."""
+    sink = ev.EventSink(tmp_path / "e.jsonl")
+    a2 = KnownWorker("a2", "A", cores=2, named=True, addrport="a2.box:9000", host="a2.box")
+    b2 = KnownWorker("b2", "B", named=True, addrport="b2.box:9000", host="b2.box")
+    sink.pool_now([a2, b2], {})
+    sink.pool_now([a2, b2], {})
+    sink.pool_now([a2], {})
+    sink.close()
+    pools = [r for r in ev.read_events(tmp_path / "e.jsonl") if r["k"] == "pool"]
+    assert [[w["id"] for w in r["workers"]] if "workers" in r else None for r in pools] == [
+        ["a2", "b2"], None, ["a2"]]
+    board = Board().apply_all(records(
+        {"k": "run", "run": 1, "tasks": 2, "files": {}, "shards": SHARDS},
+        pools[0], {**pools[1], "calls": [[1, "a2.box:9000"]], "connected": 2}))
+    assert {w.id: w.state for w in board.workers.values()} == {"a2": "busy", "b2": "idle"}
+    board.apply_all(records({**pools[1], "calls": []}, pools[2]))
+    assert {w.id: w.state for w in board.workers.values()} == {"a2": "idle", "b2": "lost"}
 
 
 def test_tail_waits_for_a_whole_line(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@
 (:class:`datavine.manager.execution.GraphRun`) publishes through: the run started (its tasks,
 the files they read, the shards), a bundle was sent, a bundle came back (its status, worker,
 memory peak, the bytes of each read and from which server), the pool (about once a second:
-workers, their libraries, the calls each runs) and the run ended (its summary's figures).
+the calls each runs, and the workers and their libraries when they changed since the last pool
+record: at 256 workers the list was most of the record's cost, and it rarely changes) and the
+run ended (its summary's figures).
 Each becomes one JSON line appended to a file (``events.jsonl`` in the cluster's run
 directory), flushed at most every :data:`FLUSH_S` and at every pool record, so the view lags
 the run by about a second and a run of many small bundles pays one ``write`` per flush.
@@ -113,6 +115,7 @@ class EventSink(NullSink):
         self._runs = 0
         self._weights: dict[Hashable, int] = {}
         self._tasks: dict[int, int] = {}  # call in flight -> its tasks
+        self._pool_rows: list[PoolWorker] | None = None  # the workers of the last pool record
         self.here = socket.gethostname()  # what a shard on loopback stands for
         self.emit({"k": "hello", "pid": os.getpid(), "version": VERSION}, flush=True)
 
@@ -121,6 +124,7 @@ class EventSink(NullSink):
                     shardmap: ShardMap | None) -> None:
         self._runs += 1
         self._tasks.clear()
+        self._pool_rows = None  # each run's first pool record names every worker
         self.emit(run_record(self._runs, len(graph), file_tasks(graph.nodes, files_of),
                              shard_places(shardmap, self.here)), flush=True)
 
@@ -137,15 +141,24 @@ class EventSink(NullSink):
                               finished.addrport, finished.failure))
 
     def pool(self, sample: PoolSample, workers: Iterable[KnownWorker]) -> None:
-        self.emit(pool_record(workers, sample.libraries, sample.where, sample.states,
-                              sample.gone, sample.lost_addr, sample.workers, sample.cores),
-                  flush=True)
+        self._emit_pool(pool_record(workers, sample.libraries, sample.where, sample.states,
+                                    sample.gone, sample.lost_addr, sample.workers,
+                                    sample.cores))
 
     def pool_now(self, workers: Iterable[KnownWorker],
                  libraries: Mapping[str, LibraryState]) -> None:
         known = list(workers)
-        self.emit(pool_record(known, libraries, {}, {}, (), (), len(known),
-                              sum(w.cores for w in known)), flush=True)
+        self._emit_pool(pool_record(known, libraries, {}, {}, (), (), len(known),
+                                    sum(w.cores for w in known)))
+
+    def _emit_pool(self, record: PoolRecord) -> None:
+        """A pool record, without its workers when they are those of the last one (the
+        reader keeps the last list it read)."""
+        if record["workers"] == self._pool_rows:
+            del record["workers"]
+        else:
+            self._pool_rows = record["workers"]
+        self.emit(record, flush=True)
 
     def run_ended(self, summary: RunSummary) -> None:
         self._weights.clear()

@@ -32,6 +32,7 @@ from datavine.dashboard.records import (
     EndSummary,
     HelloRecord,
     PoolRecord,
+    PoolWorker,
     ProcsRecord,
     Read,
     Record,
@@ -256,6 +257,7 @@ class Board:
     def __init__(self, bin_s: float = BIN_S) -> None:
         self.bin_s = bin_s
         self.workers: dict[str, WorkerRow] = {}
+        self._pool_workers: list[PoolWorker] = []  # the workers of the last pool record
         self.by_addr: dict[str, str] = {}
         self.runs: list[RunFold] = []
         self.pids: dict[str, int] = {}  # local workers' PIDs (their memory is read here)
@@ -398,7 +400,9 @@ class Board:
                 if sent is not None and sent.cap_mb is not None:
                     caps[where] = max(caps.get(where, 0.0), float(sent.cap_mb))
         present = set()
-        for w in r.get("workers", []):
+        if "workers" in r:  # else the same as the last pool record's
+            self._pool_workers = r["workers"]
+        for w in self._pool_workers:
             row = self.workers.setdefault(str(w["id"]), WorkerRow(str(w["id"])))
             addr = w.get("addr")
             row.host = w.get("host") or row.host

@@ -101,12 +101,14 @@ class PoolWorker(TypedDict):
 
 
 class PoolRecord(TypedDict):
-    """The pool: its workers, each running call's worker address (``[call, address]``),
-    calls waiting, workers that left or were lost, connected workers and their cores."""
+    """The pool: its workers (left out when they are those of the sink's last pool record:
+    the reader keeps the last list), each running call's worker address
+    (``[call, address]``), calls waiting, workers that left or were lost, connected workers
+    and their cores."""
 
     k: Literal["pool"]
     t: NotRequired[float]
-    workers: list[PoolWorker]
+    workers: NotRequired[list[PoolWorker]]
     calls: list[tuple[int, str]]
     queued: int
     gone: list[str]

@@ -33,7 +33,7 @@ def library_event(line: bytes) -> tuple[str, str, str] | None:
     ``("connect", worker id, address)``, ``("disconnect", worker id, "")``,
     ``(state, library task id, worker id)`` for a LIBRARY line, ``("done", task id, "")``
     for a task that ended (a library's or not); None for any other line."""
-    fields = line.split()  # time pid KIND ...
+    fields = line.split(maxsplit=6)  # time pid KIND id STATE detail [the rest: not split]
     if len(fields) < 5 or fields[0].startswith(b"#"):
         return None
     kind = fields[2]
