@@ -29,6 +29,10 @@
   result: dozens of results in a second add a row or two.
 - ``0009``: a library logs its count of running functions when it changes, not every 5 s:
   an idle library's log (watched by the manager) does not grow.
+- ``0010``: on Linux the manager waits on an epoll set of its links instead of polling
+  every worker at each turn: the manager process holds an epoll descriptor, and workers that
+  leave (their links unregistered before they close) and workers that join after them
+  (descriptors reused) are all served.
 - Arguments and results of datavine's calls travel as TaskVine buffers
   (:func:`datavine.manager.taskvine_port.in_memory_calls`): no staging file is made for them.
 """
@@ -246,15 +250,18 @@ def test_tasks_pinned_by_a_feature_run_there_and_nowhere_else(tmp_path: Path) ->
         rt.close()
 
 
+def one_core_worker(rt: Runtime, workspace: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(vine_binary("vine_worker")), "127.0.0.1", str(rt.port), "--cores", "1",
+         "--workspace", str(workspace), "--timeout", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 @contextlib.contextmanager
 def manager_with_workers(tmp_path: Path, n: int, debug_log: bool = False) -> Iterator[Runtime]:
     """A bare datavine manager with ``n`` one-core vine_workers connected; both stopped after."""
     rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager", debug_log=debug_log))
-    workers = [subprocess.Popen(
-        [str(vine_binary("vine_worker")), "127.0.0.1", str(rt.port), "--cores", "1",
-         "--workspace", str(tmp_path / f"w{i}"), "--timeout", "60"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        for i in range(n)]
+    workers = [one_core_worker(rt, tmp_path / f"w{i}") for i in range(n)]
     try:
         until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == n, 30)
         assert rt.connected_workers() == n, f"only {rt.connected_workers()} of {n} connected"
@@ -403,3 +410,51 @@ def test_an_idle_library_does_not_grow_its_watched_log(tmp_path: Path) -> None:
         assert logs, "no library log was watched"
         counts = [log.read_text().count("functions running concurrently") for log in logs]
     assert counts == [1] * len(logs), counts  # the first count, and no repeat of it
+
+
+def epoll_descriptors() -> int:
+    """How many epoll instances this process holds (Linux: /proc/self/fd)."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir()
+               if "eventpoll" in (os.readlink(fd) if fd.is_symlink() else ""))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux only (epoll)")
+def test_the_manager_waits_on_epoll_as_workers_leave_and_join(tmp_path: Path) -> None:
+    before = epoll_descriptors()
+    with manager_with_workers(tmp_path, 3) as rt:
+        assert epoll_descriptors() == before + 1  # the manager's set
+        vine = rt.taskvine.vine
+
+        def run_tasks(n: int) -> None:
+            ids = []
+            for i in range(n):
+                task = vine.Task(f"echo {i}")
+                task.set_cores(1)
+                ids.append(rt.manager.submit(task))
+            run_all(rt, ids)
+
+        run_tasks(12)
+        # two more join, then two of the first leave: their links leave the set before they
+        # close, and the descriptors the next workers get may be theirs
+        extra = [one_core_worker(rt, tmp_path / f"x{i}") for i in range(2)]
+        try:
+            until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == 5, 30)
+            assert rt.connected_workers() == 5
+            removed = rt.manager.stats.workers_removed
+            for worker in extra:
+                stop_session(worker.pid)
+                worker.wait(timeout=10)
+            until(lambda: rt.manager.wait(1) is None and
+                  rt.manager.stats.workers_removed == removed + 2, 30)
+            assert rt.connected_workers() == 3, "workers that left are still counted"
+            again = [one_core_worker(rt, tmp_path / f"y{i}") for i in range(2)]
+            extra += again
+            until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == 5, 30)
+            assert rt.connected_workers() == 5, "workers that joined after others left"
+            run_tasks(20)
+        finally:
+            for worker in extra:
+                stop_session(worker.pid)
+                worker.wait(timeout=10)
+    assert epoll_descriptors() == before  # closed with the manager
