@@ -32,7 +32,9 @@
 - ``0010``: on Linux the manager waits on an epoll set of its links instead of polling
   every worker at each turn: the manager process holds an epoll descriptor, and workers that
   leave (their links unregistered before they close) and workers that join after them
-  (descriptors reused) are all served.
+  (descriptors reused) are all served, and a wait with nothing to do sleeps.
+- ``0011``: a connection that does not finish the password exchange within the manager's
+  short timeout is logged as such, a wrong password as a wrong password.
 - Arguments and results of datavine's calls travel as TaskVine buffers
   (:func:`datavine.manager.taskvine_port.in_memory_calls`): no staging file is made for them.
 """
@@ -453,8 +455,42 @@ def test_the_manager_waits_on_epoll_as_workers_leave_and_join(tmp_path: Path) ->
             until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == 5, 30)
             assert rt.connected_workers() == 5, "workers that joined after others left"
             run_tasks(20)
+            # with nothing to do a wait sleeps in epoll: it does not spin
+            cpu, started = time.thread_time(), time.monotonic()
+            while time.monotonic() - started < 3:
+                rt.manager.wait(1)
+            assert time.thread_time() - cpu < 0.5 * (time.monotonic() - started), \
+                "an idle wait kept the CPU busy"
         finally:
             for worker in extra:
                 stop_session(worker.pid)
                 worker.wait(timeout=10)
     assert epoll_descriptors() == before  # closed with the manager
+
+
+def test_a_silent_connection_is_not_called_a_wrong_password(tmp_path: Path) -> None:
+    from datavine.manager.cluster import make_password_file
+
+    password = make_password_file(tmp_path / "pw")
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager", password_file=password))
+    wrong = make_password_file(tmp_path / "other")
+    log = rt.taskvine.info_dir / "vine-logs" / "debug"
+    worker = None
+    try:
+        with socket.create_connection(("127.0.0.1", rt.port)):  # says nothing
+            said = until(lambda: rt.manager.wait(1) is None and
+                         "did not complete the password exchange" in log.read_text(), 20)
+        assert said, "no notice of the silent connection"
+        assert "wrong password" not in log.read_text()
+        worker = subprocess.Popen(
+            [str(vine_binary("vine_worker")), "127.0.0.1", str(rt.port), "--password",
+             str(wrong), "--workspace", str(tmp_path / "w"), "--timeout", "30"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        assert until(lambda: rt.manager.wait(1) is None and
+                     "presented the wrong password" in log.read_text(), 20)
+        assert rt.connected_workers() == 0
+    finally:
+        if worker is not None:
+            stop_session(worker.pid)
+            worker.wait(timeout=10)
+        rt.close()
