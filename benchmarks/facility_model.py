@@ -52,7 +52,7 @@ bundles of datavine's own decisions; the warm-up, unless ``--warmup-s``, is
 for the calls submitted at the start), once at that cost and once at
 ``--target-ms-per-bundle`` (the issue's target).
 
-    .venv/bin/python benchmarks/facility_model.py --hllhc [--manager-ms-per-bundle 3.19]
+    .venv/bin/python benchmarks/facility_model.py --hllhc [--manager-ms-per-bundle 0.82]
         [--target-ms-per-bundle 1.0] [--window-s 60] [--warmup-s SECONDS]
 
 Last line: ``gbps_hllhc=... limited_by=... manager_cores_hllhc=...
@@ -81,8 +81,9 @@ from datavine.apps.sim.plot import plot_runs
 from datavine.apps.sim.steady import SteadyState, steady_state
 
 # manager CPU per bundle at 256 workers, benchmarks/README.md's "## manager profile"
-# (2026-11-25, after TaskVine patch 0003 and the debug log off; 4.47 in "## workers" before)
-MEASURED_MANAGER_MS = 3.19
+# (2026-11-26 09:05, after TaskVine patches 0007-0011 and the lighter pool sample; 1.47 that
+# morning, 3.19 on 2026-11-25 after patch 0003, 4.47 in "## workers" before)
+MEASURED_MANAGER_MS = 0.82
 TARGET_MANAGER_MS = 1.0  # issue 21's target
 
 

@@ -18,9 +18,18 @@ TaskVine's own accounting (its performance log, one row a second: ``time_polling
 per bundle.
 
     .venv/bin/python benchmarks/profile_manager.py [--counts 8 64 256] [--sleep 10]
-        [--waves 3] [--rate 250] [--top 12]
+        [--waves 3] [--rate 250] [--top 12] [--perf]
 
-Needs py-spy (``.venv/bin/py-spy``, installed with the test extras) and ptrace (root).
+Needs py-spy (``.venv/bin/py-spy``, installed with the ``bench`` extra) and ptrace (root).
+
+``--perf``: Linux ``perf record`` on the manager's thread instead of py-spy: samples of CPU
+time only (a thread blocked in a system call is not sampled, so a wait that spins shows and
+one that sleeps does not), kernel frames included (the socket writes, ``poll``), Python
+frames as the interpreter's. The tables are then each C function's share of the thread's
+CPU (its callees included) in microseconds per bundle, and each library's own share. This
+is how the watched-file round trips with every worker, the per-result performance-log row
+and the poll over every worker were found (patches 0007-0010). Needs ``perf`` (the
+``linux-perf`` package) and root or ``kernel.perf_event_paranoid`` <= 1.
 Last line: ``cpu_ms_per_bundle_<N>=... busy_samples_per_bundle_<N>=...`` per count.
 """
 
@@ -29,9 +38,12 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +74,9 @@ class Profile:
     datavine: collections.Counter[str] = field(default_factory=collections.Counter)
     other: collections.Counter[str] = field(default_factory=collections.Counter)
     stats: dict[str, float] = field(default_factory=dict)
+    # --perf: share of the thread's CPU by function (callees included) and by library (own)
+    functions: dict[str, float] = field(default_factory=dict)
+    libraries: dict[str, float] = field(default_factory=dict)
 
     @property
     def busy(self) -> int:
@@ -133,22 +148,55 @@ def stats_between(rows: list[dict[str, float]], t0_us: float, t1_us: float) -> d
     return {k: last[k] - first[k] for k in STATS}
 
 
-def profile_count(n: int, sleep: float, waves: int, rate: int, out: Path) -> Profile:
+PERF_ROW = re.compile(r"\s*([\d.]+)%\s+(?:([\d.]+)%\s+)?(?:\[(.)\]\s+)?(\S+)")
+
+
+def perf_shares(data: Path, sort: str) -> dict[str, float]:
+    """``perf report`` of ``data`` as {name: share of the samples}: by ``sym`` with callees
+    included (user-space functions with a name), or by ``dso`` (each library's own)."""
+    children = ["--children"] if sort == "sym" else ["--no-children"]
+    out = subprocess.run(["perf", "report", "-i", str(data), *children, "--sort", sort,
+                          "-g", "none", "--stdio"],
+                         capture_output=True, text=True, timeout=300, check=False).stdout
+    shares: dict[str, float] = {}
+    for line in out.splitlines():
+        m = PERF_ROW.match(line)
+        if m is None or line.lstrip().startswith("#"):
+            continue
+        name = m.group(4)
+        if sort == "sym" and (m.group(3) != "." or name.startswith("0x") or name.isdigit()):
+            continue
+        shares[name] = float(m.group(1)) / 100
+    return shares
+
+
+def start_profiler(perf: bool, rate: int, out: Path,
+                   n: int) -> tuple[subprocess.Popen[bytes], Path]:
+    """py-spy on this process, or perf on this thread (the one that will run ``get``)."""
+    if perf:
+        data = out / f"manager-{n}.perf.data"
+        cmd = ["perf", "record", "-q", "-t", str(threading.get_native_id()), "-F", str(rate),
+               "-g", "-o", str(data)]
+    else:
+        data = out / f"manager-{n}.txt"
+        cmd = [str(PY_SPY), "record", "--pid", str(os.getpid()), "--native", "--threads",
+               "--rate", str(rate), "--format", "raw", "--output", str(data)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), data
+
+
+def profile_count(n: int, sleep: float, waves: int, rate: int, out: Path,
+                  perf: bool = False) -> Profile:
     import datavine
     from datavine.config import RunConfig
 
     profile = Profile(n)
-    raw = out / f"manager-{n}.txt"
     run = RunConfig(memory=None, no_worker_timeout_s=300, progress=False,
                     pickle_by_value=("workers",))  # the tasks are defined in workers.py
     with datavine.LocalCluster(workers=n, cores=1, run=run, connect_timeout_s=900) as cluster:
         graph = make_graph(waves * n, sleep, run=n)
-        spy = subprocess.Popen([str(PY_SPY), "record", "--pid", str(os.getpid()), "--native",
-                                "--threads", "--rate", str(rate), "--format", "raw",
-                                "--output", str(raw)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        spy, raw = start_profiler(perf, rate, out, n)
         cluster.runtime.manager.tune("perf-log-interval", 1)
-        time.sleep(1.0)  # py-spy attaches
+        time.sleep(1.0)  # the profiler attaches
         cpu0, t0, wall0 = time.thread_time(), time.perf_counter(), time.time()
         dask.compute(graph, scheduler=cluster.get)
         profile.cpu_s, profile.wall_s = time.thread_time() - cpu0, time.perf_counter() - t0
@@ -156,15 +204,44 @@ def profile_count(n: int, sleep: float, waves: int, rate: int, out: Path) -> Pro
         spy.send_signal(signal.SIGINT)
         _, err = spy.communicate(timeout=120)
         if spy.returncode not in (0, -signal.SIGINT) and not raw.exists():
-            raise RuntimeError(f"py-spy failed (exit {spy.returncode}): {err.decode()[-500:]}")
+            raise RuntimeError(f"the profiler failed (exit {spy.returncode}): "
+                               f"{err.decode()[-500:]}")
         profile.bundles = cluster.last_summary.bundles
         grown = stats_between(perf_rows(cluster), wall0 * 1e6, (wall0 + profile.wall_s) * 1e6)
         profile.stats = {k: v / profile.bundles for k, v in grown.items()}
-    read_raw(raw, profile)
+    if perf:
+        profile.functions = perf_shares(raw, "sym")
+        profile.libraries = perf_shares(raw, "dso")
+    else:
+        read_raw(raw, profile)
     return profile
 
 
+def report_perf(profiles: list[Profile], top: int) -> None:
+    """--perf: microseconds of the manager thread's CPU per bundle, by function (callees
+    included) and by library (own)."""
+    header = " | ".join(str(p.workers) for p in profiles)
+    for title, attr in (("by function, callees included", "functions"),
+                        ("by library, its own code", "libraries")):
+        print(f"\nManager CPU, microseconds per bundle {title} (top {top}):")
+        print(f"| {'function' if attr == 'functions' else 'library'} | {header} |")
+        print("|---|" + "---:|" * len(profiles))
+        names = collections.Counter[str]()
+        for p in profiles:
+            names.update(getattr(p, attr))
+        for name, _ in names.most_common(top):
+            cells = " | ".join(f"{1e6 * getattr(p, attr).get(name, 0.0) * p.cpu_s / p.bundles:.0f}"
+                               for p in profiles)
+            print(f"| `{name}` | {cells} |")
+
+
 def report(profiles: list[Profile], top: int) -> None:
+    if any(p.functions for p in profiles):  # --perf: no py-spy samples to count
+        print("| workers | bundles | manager CPU ms / bundle |\n|---|---:|---:|")
+        for p in profiles:
+            print(f"| {p.workers} | {p.bundles} | {1e3 * p.cpu_s / p.bundles:.2f} |")
+        report_perf(profiles, top)
+        return
     print("| workers | bundles | manager CPU ms / bundle | busy samples / bundle | idle share "
           "| TaskVine's share of busy | datavine's | other |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -197,21 +274,26 @@ def main() -> None:
     parser.add_argument("--counts", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--sleep", type=float, default=10.0)
     parser.add_argument("--waves", type=int, default=3)
-    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--rate", type=int, default=250, help="samples per second")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--perf", action="store_true",
+                        help="perf record (CPU samples, kernel included) instead of py-spy")
     args = parser.parse_args()
     common.setup()
-    if not PY_SPY.exists():
+    if args.perf and shutil.which("perf") is None:
+        sys.exit("profile_manager: --perf needs perf on the PATH (apt-get install linux-perf)")
+    if not args.perf and not PY_SPY.exists():
         sys.exit(f"profile_manager: no py-spy at {PY_SPY} (pip install py-spy)")
     print(common.machine_info())
     out = common.run_dir("profile-manager")
-    profiles = [profile_count(n, args.sleep, args.waves, args.rate, out) for n in args.counts]
+    profiles = [profile_count(n, args.sleep, args.waves, args.rate, out, args.perf)
+                for n in args.counts]
     report(profiles, args.top)
     print(f"\nraw samples: {out}")
     print(common.kv_line({
         **{f"cpu_ms_per_bundle_{p.workers}": f"{1e3 * p.cpu_s / p.bundles:.2f}" for p in profiles},
         **{f"busy_samples_per_bundle_{p.workers}": f"{p.busy / p.bundles:.2f}"
-           for p in profiles}}))
+           for p in profiles if not p.functions}}))
 
 
 if __name__ == "__main__":
