@@ -32,7 +32,9 @@
 - ``0010``: on Linux the manager waits on an epoll set of its links instead of polling
   every worker at each turn: the manager process holds an epoll descriptor, and workers that
   leave (their links unregistered before they close) and workers that join after them
-  (descriptors reused) are all served, and a wait with nothing to do sleeps.
+  (descriptors reused) are all served, and a wait with nothing to do sleeps; bytes a link
+  read ahead are served though its socket has nothing more to say (a worker's hello that
+  came in with the end of its password exchange).
 - ``0011``: a connection that does not finish the password exchange within the manager's
   short timeout is logged as such, a wrong password as a wrong password.
 - Arguments and results of datavine's calls travel as TaskVine buffers
@@ -493,4 +495,53 @@ def test_a_silent_connection_is_not_called_a_wrong_password(tmp_path: Path) -> N
         if worker is not None:
             stop_session(worker.pid)
             worker.wait(timeout=10)
+        rt.close()
+
+
+# cctools 7.15.9's taskvine/src/manager/vine_protocol.h (the version build_taskvine.sh pins)
+VINE_PROTOCOL_VERSION = 12
+HELLO_WITH_AUTH = """
+import socket, sys, time
+from pathlib import Path
+from datavine.deploy.pools.manager_status import AUTH_IDENT, _Lines, _sha1
+password = Path(sys.argv[2]).read_bytes()
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20)
+lines = _Lines(sock)
+lines.send(AUTH_IDENT)
+assert lines.readline() == AUTH_IDENT
+mine = b"0123456789abcdef" * 4
+lines.send(mine)
+theirs = lines.readline()
+lines.send(_sha1(password, theirs))
+assert lines.readline() == _sha1(password, mine)
+# the verdict and the worker's hello in one write: the manager reads both at once
+sock.sendall(b"ok\\ntaskvine %s read-ahead linux x86_64 7.15.9\\n" % sys.argv[3].encode())
+assert lines.readline() == b"ok"
+time.sleep(30)  # connected until the test ends
+"""
+
+
+def test_a_hello_read_with_the_password_exchange_is_served(tmp_path: Path) -> None:
+    """The manager reads a new connection's password exchange line by line; a worker that
+    sends its hello right behind its last line has both read at once, and its socket then
+    says nothing more. The wait must still see the hello (the worker is counted)."""
+    import sys
+
+    from datavine.manager.cluster import make_password_file
+
+    password = make_password_file(tmp_path / "pw")
+    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager", password_file=password))
+    client = subprocess.Popen([sys.executable, "-c", HELLO_WITH_AUTH, str(rt.port),
+                               str(password), str(VINE_PROTOCOL_VERSION)],
+                              stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        counted = until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == 1,
+                        20)
+        assert client.poll() is None, client.communicate()[1].decode()[-2000:]
+        assert counted, "the hello read with the password exchange was never served"
+        (worker,) = rt.manager.status("workers")
+        assert worker["hostname"] == "read-ahead"
+    finally:
+        stop_session(client.pid)
+        client.wait(timeout=10)
         rt.close()
