@@ -131,8 +131,6 @@ class LocalWorkers:
         self.exited: dict[int, int] = {}  # worker index -> exit status, as the watch saw it
         self._stop_watch = threading.Event()
         self._watch: threading.Thread | None = None
-        # (procs, exited) counted when the alive set was made, and the set
-        self._alive: tuple[tuple[int, int], frozenset[str]] | None = None
 
     def start(self, count: int | None = None, features: tuple[str, ...] | None = None) -> None:
         n = self.cfg.workers if count is None else count
@@ -179,12 +177,8 @@ class LocalWorkers:
         process itself cost ~0.7 ms at 256 workers."""
         if self._watch is None:  # no watch thread: ask the processes
             return {local_worker_id(i) for i, p in enumerate(self.procs) if p.poll() is None}
-        seen = (len(self.procs), len(self.exited))
-        if self._alive is None or self._alive[0] != seen:
-            exited = set(self.exited)
-            self._alive = seen, frozenset(local_worker_id(i) for i in range(len(self.procs))
-                                          if i not in exited)
-        return set(self._alive[1])
+        exited = set(self.exited)  # one copy: the watch thread adds to it
+        return {local_worker_id(i) for i in range(len(self.procs)) if i not in exited}
 
     def kill(self, index: int) -> None:
         """Kill one worker and everything it started at once (for failure tests)."""

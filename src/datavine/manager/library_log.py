@@ -28,12 +28,20 @@ _LIBRARY_STATES = {b"SENT": LIBRARY_SENT, b"STARTED": LIBRARY_STARTED,
                    b"FAILURE": LIBRARY_ENDED}
 
 
+def _fields(line: bytes) -> list[bytes]:
+    """time pid KIND id STATE ... as far as this module reads (the rest is left whole)."""
+    return line.split(maxsplit=8)
+
+
 def library_event(line: bytes) -> tuple[str, str, str] | None:
     """What a transactions-log line says of workers and libraries (pure):
     ``("connect", worker id, address)``, ``("disconnect", worker id, "")``,
     ``(state, library task id, worker id)`` for a LIBRARY line, ``("done", task id, "")``
     for a task that ended (a library's or not); None for any other line."""
-    fields = line.split(maxsplit=6)  # time pid KIND id STATE detail [the rest: not split]
+    return _library_event(_fields(line))
+
+
+def _library_event(fields: list[bytes]) -> tuple[str, str, str] | None:
     if len(fields) < 5 or fields[0].startswith(b"#"):
         return None
     kind = fields[2]
@@ -52,7 +60,11 @@ def requeued_task(line: bytes) -> int | None:
     """The task id of a transactions-log line that requeues a task (``TASK <id> READY
     <category> <how> <attempt>`` with an attempt above 1: its worker or library died), else
     None (pure)."""
-    fields = line.split(maxsplit=8)  # time pid TASK id READY category allocation attempt ...
+    return _requeued_task(_fields(line))
+
+
+def _requeued_task(fields: list[bytes]) -> int | None:
+    # time pid TASK id READY category allocation attempt ...
     if len(fields) >= 8 and fields[2] == b"TASK" and fields[4] == b"READY":
         with contextlib.suppress(ValueError):
             return int(fields[3]) if int(fields[7]) > 1 else None
@@ -76,10 +88,11 @@ class LibraryLog:
         """The states after the lines written since the last read (``now``: the caller's
         clock, recorded as the time of each change)."""
         for line in self._tail.lines():
-            event = library_event(line)
+            fields = _fields(line)  # split once for both readings
+            event = _library_event(fields)
             if event is not None:
                 self._apply(event, now)
-            elif (task := requeued_task(line)) is not None:
+            elif (task := _requeued_task(fields)) is not None:
                 self._requeued.append(task)
         return self.states
 
