@@ -221,10 +221,10 @@ def report_perf(profiles: list[Profile], top: int) -> None:
     """--perf: microseconds of the manager thread's CPU per bundle, by function (callees
     included) and by library (own)."""
     header = " | ".join(str(p.workers) for p in profiles)
-    for title, attr in (("by function, callees included", "functions"),
-                        ("by library, its own code", "libraries")):
+    for title, attr, label in (("by function, callees included", "functions", "function"),
+                               ("by library, its own code", "libraries", "library")):
         print(f"\nManager CPU, microseconds per bundle {title} (top {top}):")
-        print(f"| {'function' if attr == 'functions' else 'library'} | {header} |")
+        print(f"| {label} | {header} |")
         print("|---|" + "---:|" * len(profiles))
         names = collections.Counter[str]()
         for p in profiles:
