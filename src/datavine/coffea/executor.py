@@ -290,7 +290,7 @@ class DatavineExecutor(ExecutorBase):
                 record.summary = getattr(cluster, "last_summary", None)
                 if self.desc == "Preprocessing" or progress.items_done == 0:
                     raise
-                record.interrupted = progress.line()
+                record.interrupted = progress.partial_line()
                 warnings.warn(f"datavine: interrupted (Ctrl-C): the result is PARTIAL, the "
                               f"merge of what finished: {record.interrupted}",
                               PartialResultWarning, stacklevel=4)

@@ -357,15 +357,17 @@ class Board:
             return
         run.bundles_done += 1
         row.done += 1
-        run.tasks_done += tasks
-        bins = run.bins
+        again = int(r.get("again") or 0)  # tasks made again: done (and counted) before
+        run.tasks_done += tasks - again
+        bins = run.bins  # throughput: the work done, made again or not
         spread(bins.tasks, start, end, tasks, bins.width)
         if sent is not None:
-            run.events_done += sent.events
+            run.events_done += sent.events - int(r.get("again_ev") or 0)
             if sent.events:
                 spread(bins.events, start, end, sent.events, bins.width)
-            for f in sent.files:
-                run.file_done[f] += 1
+            if again < tasks:  # a bundle made again read its files before
+                for f in sent.files:
+                    run.file_done[f] += 1
         self._reads(run, row, r, reads, start, end, wall)
 
     def _reads(self, run: RunFold, row: WorkerRow, r: DoneRecord, reads: list[Read],

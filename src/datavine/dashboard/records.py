@@ -71,7 +71,8 @@ Read = tuple[str, str, str | None, int, int]
 class DoneRecord(TypedDict):
     """A call came back: its status (``died``: its worker or library died under it, and
     then only ``addr`` and ``why`` are known), where it ran, seconds, memory peak and cap,
-    its reads, and why it did not succeed."""
+    its reads, and why it did not succeed; ``again``/``again_ev``: how many of its tasks and
+    events were done before in the run (made again after a lost worker: counted once)."""
 
     k: Literal["done"]
     t: NotRequired[float]
@@ -87,6 +88,8 @@ class DoneRecord(TypedDict):
     peak: NotRequired[float]
     cap: NotRequired[float | None]
     reads: NotRequired[list[Read]]
+    again: NotRequired[int]
+    again_ev: NotRequired[int]
 
 
 class PoolWorker(TypedDict):

@@ -142,7 +142,7 @@ class GraphRun:
                 if file is not None:
                     self.rt.undeclare(file)
             elif isinstance(ins, Deliver):
-                self.progress.advance(len(ins.keys))
+                self.progress.advance(len(ins.keys) - len(ins.again))  # each task once
                 if self.on_results is not None:  # e.g. the coffea executor's
                     self.on_results(ins.keys, ins.values)
             elif isinstance(ins, Network):

@@ -56,6 +56,7 @@ from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
 from datavine.scheduler.memory import GiveUp
 from datavine.scheduler.network import Finding
+from datavine.scheduler.once import FirstSeen
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.run_messages import (
     CallDone,
@@ -143,6 +144,7 @@ class RunState:
         self.cap_override: dict[Key, float] = {}  # tasks retried after an overrun
         self.attempts: Counter[Key] = Counter()  # by task: a requeued task gets a new bundle
         self.timed_out: Counter[Key] = Counter()
+        self.delivered: FirstSeen[Key] = FirstSeen()  # tasks delivered (once each)
         self.preload = tuple(dict.fromkeys((*cfg.preload, *graph.modules())))
 
     # --- the interface ----------------------------------------------------------------------
@@ -508,10 +510,12 @@ class RunState:
         if self.learned.memory is not None and entry.cap_mb:
             self.learned.memory.record_peak(entry.category, peak)
         summary = self.summary
+        fresh = self.delivered.first(bundle.keys)  # a task made again counts once
+        fresh_in = Counter(graph.category(k) for k in fresh)
         for category, (count, seconds) in result.timing.items():
             self.learned.costs.observe(category, count, seconds)
             stats = summary.categories[category]
-            stats.tasks += count
+            stats.tasks += fresh_in[category]
             stats.seconds += seconds
             stats.peak_mb = max(stats.peak_mb, peak)
             if entry.cap_mb:
@@ -519,10 +523,11 @@ class RunState:
         t = round(self.now - self.start, 3)
         summary.completions.extend((t, k, worker) for k in bundle.keys)
         summary.worker_peak_mb[worker] = max(summary.worker_peak_mb.get(worker, 0.0), peak)
-        summary.tasks += len(bundle.keys)
+        summary.tasks += len(fresh)
         summary.hosts[result.host or "?"] += len(bundle.keys)
         self._out.append(Deliver(list(bundle.keys), {k: self.values[k] for k in result.values
-                                                     if k in self.values}))
+                                                     if k in self.values},
+                                 again=frozenset(bundle.keys) - set(fresh)))
 
     def _note_worker(self, result: BundleResult, addrport: str | None, bundle: Bundle) -> str:
         reads = result.reads

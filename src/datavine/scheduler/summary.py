@@ -64,8 +64,13 @@ class Traffic:
 class RunSummary:
     """Figures for one ``get`` call.
 
+    ``tasks`` (and each category's ``tasks``): the graph's tasks that finished, each counted
+    once even when it was made again after a worker holding its value was lost (those runs
+    are ``recomputed``; their time is in the categories' ``seconds``, their host in
+    ``hosts``: where tasks ran);
     ``samples``: (seconds since start, workers, cores) about once a second;
-    ``completions``: (seconds since start, key, worker) for every task;
+    ``completions``: (seconds since start, key, worker) for every task run that finished
+    (a task made again appears again);
     ``failures``: why each retry or overrun happened, in order; ``lost_workers``: workers
     (names or addresses) that left or were declared lost during the run; ``timeouts``: tasks
     stopped at their time limit; ``abandoned``: calls still running when the run ended (it
@@ -156,6 +161,7 @@ class RunSummary:
         out = [
             f"datavine: {self.tasks} tasks in {self.bundles} bundles on {self.workers} workers, "
             f"{self.wall_s:.2f} s ({self.tasks_per_s:,.0f} tasks/s), {self.retries} retries"
+            + (f", {self.recomputed} tasks made again" if self.recomputed else "")
         ]
         for name, cat in sorted(self.categories.items(), key=lambda kv: -kv[1].seconds)[:8]:
             memory = f"peak {cat.peak_mb:5.0f}" + (f" / cap {cat.cap_mb:.0f}" if cat.cap_mb else "")
