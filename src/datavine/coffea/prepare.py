@@ -36,6 +36,7 @@ from typing import TypeGuard, TypeVar
 import cloudpickle
 
 from datavine.coffea.source import DatavineSource
+from datavine.safe_paths import check_own_file
 
 Item = TypeVar("Item")  # a coffea FileMeta or WorkItem
 T = TypeVar("T")
@@ -227,7 +228,9 @@ def register_module(module_name: str) -> None:
 
 def find_x509_proxy(setting: str | bool | None) -> Path | None:
     """The proxy to send: ``setting`` when a path, none when ``False``; for ``None`` as
-    coffea's TaskVineExecutor looks: ``$X509_USER_PROXY``, then ``$TMPDIR/x509up_u<uid>``."""
+    coffea's TaskVineExecutor looks: ``$X509_USER_PROXY``, then ``$TMPDIR/x509up_u<uid>``
+    (in a shared folder: used only when it is a regular file of this user's, else
+    :class:`~datavine.safe_paths.UnsafePathError` names its owner)."""
     if setting is False:
         return None
     if isinstance(setting, (str, os.PathLike)) and setting:
@@ -240,4 +243,7 @@ def find_x509_proxy(setting: str | bool | None) -> Path | None:
     if env:
         return Path(env) if Path(env).is_file() else None
     default = Path(os.environ.get("TMPDIR", "/tmp")) / f"x509up_u{os.getuid()}"
-    return default if default.is_file() else None
+    if not os.path.lexists(default):
+        return None
+    # in a shared folder: another user may have put a proxy (or a symlink) there first
+    return check_own_file(default, "X509 proxy")

@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import os
 import pickle
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +37,7 @@ import cloudpickle
 from datavine.coffea.badfiles import classify, missing_module
 from datavine.errors import DatavineError
 from datavine.io import reading
+from datavine.safe_paths import user_temp_dir, write_secret
 
 _MAX_CAUSES = 16
 _MAX_TEXT = 4000
@@ -210,7 +210,7 @@ def item_files(policy: ItemPolicy) -> Iterator[None]:
     with its X509 proxy in a private file named by ``X509_USER_PROXY``."""
     with contextlib.ExitStack() as stack:
         if policy.extra_files:
-            folder = _private_dir("files-" + hashlib.sha256(b"".join(
+            folder = user_temp_dir("files-" + hashlib.sha256(b"".join(
                 name.encode() + b"\0" + blob for name, blob in policy.extra_files
             )).hexdigest()[:16])
             for name, blob in policy.extra_files:
@@ -219,11 +219,9 @@ def item_files(policy: ItemPolicy) -> Iterator[None]:
                     path.write_bytes(blob)
             stack.enter_context(_working_dir(folder))
         if policy.x509_proxy is not None:
-            proxy = _private_dir("x509") / hashlib.sha256(policy.x509_proxy).hexdigest()[:16]
-            if not proxy.exists():
-                fd = os.open(proxy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    out.write(policy.x509_proxy)
+            proxy = user_temp_dir("x509") / hashlib.sha256(policy.x509_proxy).hexdigest()[:16]
+            if not proxy.exists():  # written whole, mode 0600, under a private folder
+                write_secret(proxy, policy.x509_proxy, replace=True)
             stack.callback(_restore_env, "X509_USER_PROXY", os.environ.get("X509_USER_PROXY"))
             os.environ["X509_USER_PROXY"] = str(proxy)
         yield
@@ -249,15 +247,6 @@ def _restore_env(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
-
-
-def _private_dir(name: str) -> Path:
-    """A folder only this user can enter, under the temp dir, reused by later items."""
-    base = Path(tempfile.gettempdir()) / f"datavine-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    folder = base / name
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder
 
 
 def merge_partials(parts: Sequence[Partial], compression: int | None) -> Partial:

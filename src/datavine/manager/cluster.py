@@ -46,6 +46,7 @@ from datavine.deploy.signals import terminate_gracefully
 from datavine.manager.environment import PackedEnv
 from datavine.manager.port import ResultHook
 from datavine.manager.runtime import Runtime
+from datavine.safe_paths import write_secret
 from datavine.scheduler.labels import rack_of
 from datavine.scheduler.lifecycle import Lifecycle, Step
 from datavine.scheduler.summary import RunSummary
@@ -54,12 +55,10 @@ log = logging.getLogger("datavine")
 
 
 def make_password_file(directory: Path) -> Path:
-    """A fresh random TaskVine password, readable by its owner only."""
+    """A fresh random TaskVine password, readable by its owner only from its creation on
+    (a previous run's in ``directory`` is replaced)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "vine.password"
-    path.write_text(secrets.token_hex(32))
-    path.chmod(0o600)
-    return path
+    return write_secret(directory / "vine.password", secrets.token_hex(32), replace=True)
 
 
 class Cluster:

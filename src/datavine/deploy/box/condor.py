@@ -50,6 +50,7 @@ from datavine.deploy.box.net import Box, BoxError
 from datavine.deploy.box.plan import DOMAIN, BoxPlan, Host
 from datavine.deploy.pools.condor import pool_user, scripts_dir
 from datavine.deploy.pools.state import PROJECT_ROOT
+from datavine.safe_paths import write_secret
 
 SERVICE = "condor"
 PORT = 29618  # DATAVINE_CONDOR_PORT of condor_config.local: each host has its own network
@@ -375,9 +376,7 @@ def _make_token(cb: BoxCondor) -> None:
                        "-key", "POOL").stdout.strip()
     if not token:
         raise BoxError("condor_token_create printed no token")
-    path = cb.dir / "tokens.d" / "condor"
-    path.touch(mode=0o600)
-    path.write_text(token + "\n")
+    write_secret(cb.dir / "tokens.d" / "condor", token + "\n")
 
 
 def start_condor(box: Box, *, timeout_s: float = 60.0, slots_per_host: int = 1) -> BoxCondor:

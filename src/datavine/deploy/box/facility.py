@@ -18,6 +18,7 @@ from datavine.deploy.binaries import vine_binary
 from datavine.deploy.box.net import Box
 from datavine.deploy.box.plan import BoxPlan, BoxSpec
 from datavine.deploy.local_workers import worker_environment
+from datavine.safe_paths import check_own_file, check_private_file, write_secret
 from datavine.scheduler.labels import ENV_RACK, ENV_WORKER, rack_feature, worker_feature
 
 MANAGER_PORT = 9123
@@ -58,12 +59,14 @@ def take_down(box: Box) -> dict[str, int]:
 
 
 def password_file(box: Box) -> Path:
-    """The manager's password for the box's workers (made once, mode 0600)."""
+    """The manager's password for the box's workers (made once, mode 0600; one found there
+    is used only when it is a file of this user's that no one else may open)."""
     path = box.dir / "vine.password"
-    if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_hex(32) + "\n")
-    return path
+    try:
+        return write_secret(path, secrets.token_hex(32) + "\n")
+    except FileExistsError:  # made by an earlier call: kept
+        check_own_file(path, "box password file")
+        return check_private_file(path, "the box's password file")
 
 
 def facility_text(plan: BoxPlan, *, password_file: Path, export_root: Path | None,

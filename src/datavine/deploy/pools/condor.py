@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import subprocess
 import time
 from collections import Counter
@@ -35,6 +34,7 @@ from datavine.deploy.pools.factory import FactoryConfig
 from datavine.deploy.pools.factory_pool import FactoryPool
 from datavine.deploy.pools.identity import condor_name
 from datavine.deploy.pools.state import PROJECT_ROOT
+from datavine.safe_paths import write_secret
 
 POOL_ATTR = "DatavinePool"
 RACK_ATTR = "DatavineRack"  # advertised by a box's startds (workers/condor/box_config.local)
@@ -165,10 +165,8 @@ class CondorPool(FactoryPool):
                 extra = with_requirement(extra, rack_requirement(self.config.rack))
         cfg = replace(self.config, scratch_dir=scratch, extra_condor_submit=extra)
         if self.config.password_file is not None:
-            staged = scratch / "manager.password"
-            staged.unlink(missing_ok=True)
-            shutil.copyfile(self.config.password_file, staged)
-            staged.chmod(0o600)
+            staged = write_secret(scratch / "manager.password",
+                                  Path(self.config.password_file).read_bytes(), replace=True)
             os.chown(staged, user.pw_uid, user.pw_gid)
             cfg = replace(cfg, password_file=staged)
         return cfg

@@ -1,0 +1,232 @@
+"""Files and permissions (issue 28, item 4): each guard is tried with its attack.
+
+Per-user folders in shared places (another user's folder, one open to all, a symlink in its
+place), secrets written with their final mode from the start (umask 0, chmod unavailable, a
+planted symlink), a user's password file open to others, the XCache testbed's mirror (an
+input's mode never changes) and local workers' sizes. Unit level: no TaskVine runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+
+from datavine.config import ConfigError
+from datavine.safe_paths import (
+    UnsafePathError,
+    private_dir,
+    user_temp_dir,
+    write_secret,
+)
+
+OTHER_UID = 65534  # nobody: a user other than the one running the tests (root)
+ME = os.getuid()
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="os.chown to another user needs root")
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@contextlib.contextmanager
+def umask(value: int) -> Iterator[None]:
+    old = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def no_chmod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chmod of any kind fails: a secret's mode must come from its creation."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"chmod called: {args}")
+
+    for name in ("chmod", "fchmod", "lchmod"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
+    monkeypatch.setattr(Path, "chmod", refuse)
+
+
+@pytest.fixture
+def shared_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for /tmp (sticky, open to all) as the temp dir."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    return shared
+
+
+# --- per-user folders in shared places --------------------------------------------------------
+def test_private_dir_is_made_0700_whatever_the_umask(tmp_path: Path) -> None:
+    with umask(0):
+        folder = private_dir(tmp_path / "mine")
+    assert stat.S_ISDIR(os.lstat(folder).st_mode) and mode(folder) == 0o700
+    assert private_dir(folder) == folder  # reused
+
+
+@needs_root
+def test_a_folder_another_user_made_first_is_refused_and_left_alone(shared_tmp: Path) -> None:
+    planted = shared_tmp / f"datavine-{ME}"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(UnsafePathError) as err:
+        user_temp_dir("x509")
+    message = str(err.value)
+    assert str(planted) in message and f"uid {OTHER_UID}" in message and "0700" in message
+    assert os.lstat(planted).st_uid == OTHER_UID and mode(planted) == 0o700
+    assert not (planted / "x509").exists()
+
+
+def test_a_folder_open_to_others_is_refused_not_chmodded(shared_tmp: Path) -> None:
+    planted = shared_tmp / f"datavine-{ME}"
+    planted.mkdir()
+    planted.chmod(0o777)
+    with pytest.raises(UnsafePathError, match=r"open to group or others.*0777"):
+        user_temp_dir("files-1")
+    assert mode(planted) == 0o777
+
+
+def test_a_symlink_in_place_of_the_folder_is_refused(shared_tmp: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "attacker"
+    elsewhere.mkdir(mode=0o700)
+    (shared_tmp / f"datavine-{ME}").symlink_to(elsewhere)
+    with pytest.raises(UnsafePathError, match="not a directory"):
+        user_temp_dir("x509")
+    assert list(elsewhere.iterdir()) == []
+    inner = tmp_path / "own"
+    inner.mkdir(mode=0o700)
+    (inner / "x509").symlink_to(elsewhere)  # one level down too
+    with pytest.raises(UnsafePathError, match="not a directory"):
+        private_dir(inner / "x509")
+
+
+@needs_root
+def test_a_coffea_item_refuses_a_planted_folder_for_its_proxy(shared_tmp: Path) -> None:
+    from datavine.coffea.tasks import ItemPolicy, item_files
+
+    planted = shared_tmp / f"datavine-{ME}"
+    planted.mkdir(mode=0o755)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(UnsafePathError, match=str(planted)), \
+            item_files(ItemPolicy(x509_proxy=b"secret proxy")):
+        pass
+    assert list(planted.iterdir()) == []
+
+
+def test_a_coffea_item_writes_its_proxy_0600_in_its_own_folder(shared_tmp: Path) -> None:
+    from datavine.coffea.tasks import ItemPolicy, item_files
+
+    with umask(0), item_files(ItemPolicy(x509_proxy=b"secret proxy")):
+        proxy = Path(os.environ["X509_USER_PROXY"])
+        assert proxy.read_bytes() == b"secret proxy" and mode(proxy) == 0o600
+    assert proxy.parent.parent == shared_tmp / f"datavine-{ME}"
+    assert mode(proxy.parent) == mode(proxy.parent.parent) == 0o700
+
+
+@needs_root
+def test_a_default_proxy_another_user_put_in_tmp_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datavine.coffea.prepare import find_x509_proxy
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("X509_USER_PROXY", raising=False)
+    planted = tmp_path / f"x509up_u{ME}"
+    planted.write_text("someone else's proxy")
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(UnsafePathError, match=f"uid {OTHER_UID}"):
+        find_x509_proxy(None)
+    planted.unlink()
+    real = tmp_path / "theirs"
+    real.write_text("p")
+    planted.symlink_to(real)
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        find_x509_proxy(None)
+
+
+# --- secrets written with their final mode ----------------------------------------------------
+@pytest.mark.usefixtures("no_chmod")
+def test_a_secret_is_0600_from_its_creation(tmp_path: Path) -> None:
+    with umask(0):
+        path = write_secret(tmp_path / "s", "token")
+        again = write_secret(tmp_path / "s", b"new", replace=True)
+    assert path == again and path.read_bytes() == b"new" and mode(path) == 0o600
+
+
+def test_a_secret_is_never_written_through_a_planted_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    victim.chmod(0o644)
+    link = tmp_path / "vine.password"
+    link.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        write_secret(link, "secret")  # O_EXCL | O_NOFOLLOW: not followed, not replaced
+    assert link.is_symlink() and victim.read_text() == "keep"
+    write_secret(link, "secret", replace=True)  # the link itself is replaced
+    assert not link.is_symlink() and link.read_text() == "secret" and mode(link) == 0o600
+    assert victim.read_text() == "keep" and mode(victim) == 0o644
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "would-be-made")
+    with pytest.raises(FileExistsError):
+        write_secret(dangling, "secret")
+    assert not (tmp_path / "would-be-made").exists()
+
+
+@pytest.mark.usefixtures("no_chmod")
+def test_the_manager_password_is_made_0600_and_replaces_a_planted_link(tmp_path: Path) -> None:
+    from datavine.manager.cluster import make_password_file
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "vine.password").symlink_to(victim)
+    with umask(0):
+        path = make_password_file(run_dir)
+    assert not path.is_symlink() and mode(path) == 0o600 and len(path.read_text()) == 64
+    assert victim.read_text() == "keep"
+    old = path.read_text()
+    with umask(0):
+        assert make_password_file(run_dir).read_text() != old  # a new one each run
+    assert mode(path) == 0o600
+
+
+@pytest.mark.usefixtures("no_chmod")
+def test_the_box_password_is_made_0600_once(tmp_path: Path) -> None:
+    from datavine.deploy.box.facility import password_file
+    from datavine.deploy.box.net import Box
+
+    box = cast(Box, SimpleNamespace(dir=tmp_path))
+    with umask(0):
+        path = password_file(box)
+    assert mode(path) == 0o600
+    first = path.read_text()
+    assert password_file(box).read_text() == first  # made once, kept
+
+
+def test_the_box_refuses_a_planted_or_open_password_file(tmp_path: Path) -> None:
+    from datavine.deploy.box.facility import password_file
+    from datavine.deploy.box.net import Box
+
+    box = cast(Box, SimpleNamespace(dir=tmp_path))
+    theirs = tmp_path / "theirs"
+    theirs.write_text("a password someone else knows")
+    theirs.chmod(0o600)
+    (tmp_path / "vine.password").symlink_to(theirs)
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        password_file(box)
+    (tmp_path / "vine.password").unlink()
+    (tmp_path / "vine.password").write_text("old")
+    (tmp_path / "vine.password").chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        password_file(box)
