@@ -13,11 +13,20 @@ job removed from the personal HTCondor pool (``condor_rm``, as a preemption), an
 network on a fresh box each (:mod:`datavine.apps.box_faults`: a rack cut from the manager
 mid-run, a shard's host unreachable, the inter-rack link slowed 10x). Prints a table
 (fault, injected, recovered, seconds, seconds over the baseline, processes and files left,
-outcome) and last one line ``faults=N injected=N recovered=N leftovers=N max_recover_s=S``:
+outcome) and one line ``faults=N injected=N recovered=N leftovers=N max_recover_s=S``:
 a fault whose target was not there (or that was due after the run ended) is "not injected"
 and never counts as recovered; ``max_recover_s`` is the largest time a fault added to the
 run (for a signalled client: its time to exit).
-Goal: every fault recovered or reported correctly, 0 leftovers, max_recover_s <= 30.
+
+Then exactly once under faults (:mod:`datavine.apps.event_faults`): the AGC analysis and a
+coffea ``Runner`` (coffea's NanoAOD samples) each with the worker keeping the first value
+delivered SIGKILLed, and SIGSTOPped (declared lost after 15 s), on 2 local workers, against
+the same run without a fault. Prints for each whether the events equal the dataset's
+entries, the histograms (cutflow, sums) equal the fault-free run's, what the progress and
+the run summary counted, and last ``exactly_once=N injected=N events_equal=N
+histograms_equal=N counted_once=N``.
+Goal: every fault recovered or reported correctly, 0 leftovers, max_recover_s <= 30; every
+event exactly once.
 """
 
 from __future__ import annotations
@@ -33,11 +42,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from datavine.apps import box_faults, faults
-from datavine.apps.faults import FaultResult
-from datavine.errors import RunTimeoutError, TaskTimeLimitError
+# python puts this script's folder first on sys.path, where benchmarks/coffea.py would
+# shadow the coffea package (the exactly-once coffea runs import it): take it out.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
-ROOT = Path(__file__).resolve().parents[1]
+from datavine.apps import box_faults, event_faults, faults  # noqa: E402
+from datavine.apps.event_faults import EventCheck  # noqa: E402
+from datavine.apps.faults import FaultResult  # noqa: E402
+from datavine.errors import RunTimeoutError, TaskTimeLimitError  # noqa: E402
+
+ROOT = HERE.parent
 BOX_FILES, BOX_EVENTS = 8, 100_000  # the box faults' data: runs of a few seconds
 
 
@@ -76,6 +91,27 @@ def scenarios(data: Path, scratch: Path) -> dict[str, Callable[[], FaultResult]]
         **{name: (lambda name=name, inject=inject: box_scenario(name, inject, data))
            for name, inject in box_faults.FAULTS.items()},
     }
+
+
+def event_scenarios(data: Path) -> dict[str, Callable[[], EventCheck]]:
+    """Exactly once under faults: each run with each fault (the coffea runs are skipped,
+    saying why, without coffea)."""
+    out: dict[str, Callable[[], EventCheck]] = {}
+    for app in event_faults.APPS:
+        for fault in event_faults.FAULTS:
+            name = f"exactly once: {app}, worker {fault}"
+            out[name] = lambda app=app, fault=fault: event_check(app, fault, data)
+    return out
+
+
+def event_check(app: str, fault: str, data: Path) -> EventCheck:
+    if app == "agc":
+        return event_faults.check(event_faults.agc_workload(data), fault)
+    try:
+        workload = event_faults.coffea_workload()
+    except ImportError as exc:
+        return EventCheck(app, fault, 0, error=f"NOT RUN: {exc}")
+    return event_faults.check(workload, fault)
 
 
 def box_scenario(name: str, inject: Callable[[Any], str] | None, data: Path) -> FaultResult:
@@ -129,9 +165,12 @@ def shard_scenario(scratch: Path) -> FaultResult:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="run only faults whose name contains these")
-    parser.add_argument("--json", type=Path, help="write the results as JSON")
+    parser.add_argument("--json", type=Path, help="write the results as JSON: {\"faults\": [...], "
+                        "\"exactly_once\": [...]}")
     parser.add_argument("--data", type=Path, default=ROOT / "runs" / "faults-data",
                         help="generated data for the datavine run clients (reused)")
+    parser.add_argument("--event-data", type=Path, default=event_faults.default_data(),
+                        help="generated data for the exactly-once AGC runs (reused)")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="datavine-faults-bench-"))
     scratch.chmod(0o755)
@@ -148,6 +187,13 @@ def main() -> int:
                 BOX_BASELINE_S["s"] = result.seconds
             print(f"  {result.fault}: {'recovered' if result.recovered else 'NOT recovered'} "
                   f"in {result.seconds:.1f} s ({result.outcome})", flush=True)
+        checks = []
+        for name, scenario in event_scenarios(args.event_data).items():
+            if args.only and not any(word in name for word in args.only):
+                continue
+            check = scenario()
+            checks.append(check)
+            print(f"  {name}: {describe(check)}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print_table(results, baseline.seconds)
@@ -157,9 +203,41 @@ def main() -> int:
           f"recovered={sum(r.recovered for r in faulted)} "
           f"leftovers={sum(r.leftovers for r in results)} "
           f"max_recover_s={max(added, default=0.0):.1f} baseline_s={baseline.seconds:.1f}")
+    if checks:
+        print(f"\n{event_faults.TABLE_HEAD}")
+        for check in checks:
+            print(check.line())
+        print()
+        print(f"exactly_once={len(checks)} injected={sum(c.injected for c in checks)} "
+              f"events_equal={sum(c.events == c.dataset_events for c in checks)} "
+              f"histograms_equal={sum(c.same_as_fault_free for c in checks)} "
+              f"counted_once={sum(counted_once(c) for c in checks)} "
+              f"ok={sum(c.ok for c in checks)}")
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
-    return 0 if all(r.recovered for r in results) else 1
+        args.json.write_text(json.dumps({"faults": [asdict(r) for r in results],
+                                         "exactly_once": [asdict(c) for c in checks]},
+                                        indent=1))
+    return 0 if all(r.recovered for r in results) and all(c.ok for c in checks) else 1
+
+
+def counted_once(check: EventCheck) -> bool:
+    """The progress (coffea) and the run summary counted each event and task once."""
+    return (check.counted_events in (None, check.dataset_events)
+            and check.tasks_counted == check.graph_tasks)
+
+
+def describe(check: EventCheck) -> str:
+    """One exactly-once check in words."""
+    if check.error:
+        return f"NOT ok: {check.error}"
+    progress = ("" if check.counted_events is None else
+                f"; progress {check.counted_events:,} events")
+    return (f"events {check.events:,} {'=' if check.events == check.dataset_events else '!='} "
+            f"dataset {check.dataset_events:,}; histograms "
+            f"{'=' if check.same_as_fault_free else '!='} fault-free{progress}; tasks counted "
+            f"{check.tasks_counted} of {check.graph_tasks} ({check.deliveries} deliveries, "
+            f"{check.remade} made again); {check.seconds:.1f} s (fault-free "
+            f"{check.fault_free_s:.1f} s); {'ok' if check.ok else 'NOT ok'}")
 
 
 BOX_BASELINE_S: dict[str, float] = {}  # the box's own run without a fault, once measured
