@@ -18,9 +18,10 @@ from typing import cast
 
 import pytest
 
-from datavine.config import ConfigError
+from datavine.config import ConfigError, ManagerConfig
 from datavine.safe_paths import (
     UnsafePathError,
+    check_private_file,
     private_dir,
     user_temp_dir,
     write_secret,
@@ -230,3 +231,68 @@ def test_the_box_refuses_a_planted_or_open_password_file(tmp_path: Path) -> None
     (tmp_path / "vine.password").chmod(0o644)
     with pytest.raises(ConfigError, match="chmod 600"):
         password_file(box)
+
+
+# --- a user's password file -------------------------------------------------------------------
+@pytest.fixture
+def open_password(tmp_path: Path) -> Path:
+    path = tmp_path / "vine.password"
+    path.write_text("s3cret")
+    path.chmod(0o640)
+    return path
+
+
+def test_a_password_file_open_to_others_is_refused_naming_it(open_password: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_private_file(open_password, "ManagerConfig.password_file")
+    message = str(err.value)
+    assert str(open_password) in message and "0640" in message
+    assert f"chmod 600 {open_password}" in message and "ManagerConfig.password_file" in message
+    assert mode(open_password) == 0o640  # not changed behind the user's back
+    open_password.chmod(0o600)
+    assert check_private_file(open_password, "p") == open_password
+
+
+def test_a_missing_or_odd_password_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope does not exist"):
+        check_private_file(tmp_path / "nope", "p")
+    with pytest.raises(ConfigError, match=r"is not a file"):
+        check_private_file(tmp_path, "p")
+
+
+def test_a_cluster_refuses_an_open_password_file(open_password: Path, tmp_path: Path) -> None:
+    from datavine.manager.cluster import Cluster
+
+    manager = ManagerConfig(run_dir=tmp_path / "run", password_file=open_password)
+    with pytest.raises(ConfigError, match=rf"{open_password}.*chmod 600"):
+        Cluster(manager)
+    open_password.chmod(0o600)
+    Cluster(manager)  # accepted, nothing started
+
+
+def test_a_facility_file_with_an_open_password_file_is_refused(open_password: Path,
+                                                               tmp_path: Path) -> None:
+    from datavine.deploy.facility import FacilityCluster, load_facility
+
+    site = tmp_path / "site.toml"
+    site.write_text(f'[manager]\npassword_file = "{open_password}"\n'
+                    f'run_dir = "{tmp_path / "run"}"\n')
+    with pytest.raises(ConfigError, match=rf"{open_password}.*0640"):
+        FacilityCluster(load_facility(site))
+
+
+def test_a_pool_refuses_an_open_password_file_before_starting(
+        open_password: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from datavine.deploy.pools import cli as pool_cli
+    from datavine.deploy.pools.local import LocalFactoryPool
+
+    def launched(self: LocalFactoryPool, scratch: Path) -> None:
+        raise AssertionError("the pool was started with a password others can read")
+
+    monkeypatch.setattr(LocalFactoryPool, "_prepare", launched)
+    rc = pool_cli.main(["pool", "start", "--batch", "local", "--workers", "1", "--manager",
+                        "127.0.0.1:9123", "--password", str(open_password), "--name", "p1",
+                        "--pool-dir", str(tmp_path / "pools")])
+    err = capsys.readouterr().err
+    assert rc == 1 and str(open_password) in err and "chmod 600" in err

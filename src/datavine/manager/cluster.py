@@ -1,7 +1,9 @@
 """Clusters: a datavine manager plus the workers it runs on, as one context manager.
 
 ``LocalCluster`` is the embedded default: a manager on this host and real ``vine_worker``
-processes on 127.0.0.1, authenticated with a password file created for the run::
+processes on 127.0.0.1, authenticated with a password file created for the run (mode 0600
+from its creation on; a password file the user names in ``ManagerConfig.password_file`` is
+refused while group or others may open it)::
 
     with datavine.LocalCluster(workers=2, cores=1) as cluster:
         dask.compute(x, scheduler=cluster.get)
@@ -46,7 +48,7 @@ from datavine.deploy.signals import terminate_gracefully
 from datavine.manager.environment import PackedEnv
 from datavine.manager.port import ResultHook
 from datavine.manager.runtime import Runtime
-from datavine.safe_paths import write_secret
+from datavine.safe_paths import check_private_file, write_secret
 from datavine.scheduler.labels import rack_of
 from datavine.scheduler.lifecycle import Lifecycle, Step
 from datavine.scheduler.summary import RunSummary
@@ -76,6 +78,8 @@ class Cluster:
             from dataclasses import replace
 
             manager = replace(manager, password_file=make_password_file(Path(manager.run_dir)))
+        else:  # the user's own: refused while group or others may read it
+            check_private_file(manager.password_file, "ManagerConfig.password_file")
         self.manager_config = manager
         self.run_config = run or RunConfig()
         self.min_workers = min_workers

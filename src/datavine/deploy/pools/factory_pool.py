@@ -45,6 +45,7 @@ from datavine.deploy.pools.state import (
     remove_state,
     write_state,
 )
+from datavine.safe_paths import check_private_file
 from datavine.scheduler.labels import ENV_RACK
 
 STOP_TIMEOUT_S = 30.0
@@ -161,6 +162,8 @@ class FactoryPool(WorkerPool):
         return self.pid is not None and factory_alive(self.pid)
 
     def start(self, *, detach: bool = False) -> Self:
+        if self.config.password_file is not None:  # the user's: refused while others may read it
+            check_private_file(self.config.password_file, f"pool {self.name!r}'s password file")
         old = read_state(self.pool_dir, self.name)
         if old is not None:
             if factory_alive(old.pid):
