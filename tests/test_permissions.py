@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -296,3 +297,27 @@ def test_a_pool_refuses_an_open_password_file_before_starting(
                         "--pool-dir", str(tmp_path / "pools")])
     err = capsys.readouterr().err
     assert rc == 1 and str(open_password) in err and "chmod 600" in err
+
+
+# --- the XCache testbed's mirror --------------------------------------------------------------
+def test_the_mirror_never_changes_an_inputs_mode(tmp_path: Path) -> None:
+    from datavine.apps.testbed import readable_folder
+
+    hidden = tmp_path / "hidden"  # mode 0700: "nobody" cannot enter it
+    hidden.mkdir(mode=0o700)
+    private, public = hidden / "private.root", hidden / "public.root"
+    private.write_bytes(b"p" * 100)
+    private.chmod(0o600)
+    public.write_bytes(b"q" * 10)
+    public.chmod(0o644)
+    with readable_folder(hidden, [private, public], "nobody") as (mirror, served):
+        assert mirror != hidden
+        assert mode(private) == 0o600 and mode(public) == 0o644  # inputs as they were
+        copy, link = served
+        assert copy.read_bytes() == private.read_bytes()
+        assert os.stat(copy).st_ino != os.stat(private).st_ino
+        assert os.stat(copy).st_uid == pwd.getpwnam("nobody").pw_uid  # nobody reads it
+        assert mode(copy) & 0o400
+        assert mode(copy) & 0o077 == 0  # and no one else
+        assert os.stat(link).st_ino == os.stat(public).st_ino  # readable already: linked
+    assert mode(private) == 0o600 and mode(public) == 0o644

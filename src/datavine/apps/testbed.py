@@ -2,16 +2,18 @@
 
 :func:`serve_on_testbed` starts a :class:`~datavine.io.xcache.testbed.XCacheTestbed` over a
 folder of files (``datavine run`` and ``datavine scale-test`` with their shards), through a
-world-readable mirror when the servers' user cannot read the folder
-(:func:`readable_folder`). :func:`write_small_files` makes small ROOT files under logical
-names, for the tests' testbed and the fault benchmark's shard scenario.
+mirror the servers' user can read when it cannot read the folder (:func:`readable_folder`;
+the inputs' own modes are never changed). :func:`write_small_files` makes small ROOT files
+under logical names, for the tests' testbed and the fault benchmark's shard scenario.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,8 +31,8 @@ SMALL_EVENTS = 40_000  # per small file
 @contextlib.contextmanager
 def readable_folder(data_dir: Path, files: Sequence[Path],
                     user: str | None) -> Iterator[tuple[Path, list[Path]]]:
-    """``data_dir``, or a world-readable mirror of ``files`` (hard links, else copies) when
-    ``user`` (the XRootD servers' user) cannot read ``data_dir``; yields (folder, files)."""
+    """``data_dir``, or a mirror of ``files`` that ``user`` (the XRootD servers' user) can
+    read (:func:`serve_file`) when it cannot read ``data_dir``; yields (folder, files)."""
     from datavine.io.xcache.unix import check_reachable
 
     if user is None:
@@ -43,18 +45,29 @@ def readable_folder(data_dir: Path, files: Sequence[Path],
             print(f"note: the {user} user cannot read {data_dir} ({exc}); serving a mirror "
                   f"in {mirror}")
             mirror.chmod(0o755)
-            served = []
-            for f in files:
-                target = mirror / f.name
-                try:
-                    os.link(f, target)
-                except OSError:
-                    shutil.copyfile(f, target)
-                target.chmod(0o644)
-                served.append(target)
+            served = [serve_file(f, mirror / f.name, user) for f in files]
             yield mirror, served
         return
     yield data_dir, list(files)
+
+
+def serve_file(source: Path, target: Path, user: str) -> Path:
+    """``target``, a name in the mirror for ``source`` that ``user`` can read: a hard link
+    when others may read ``source`` already, else a copy that only ``user`` (and root) may
+    read. ``source``'s own mode is never changed: a hard link shares its inode, so a chmod
+    of the link would open the original input (and keep it open after the run)."""
+    if stat.S_IMODE(os.stat(source).st_mode) & stat.S_IROTH:
+        try:
+            os.link(source, target)
+            return target
+        except OSError:  # another file system: copied below
+            pass
+    pw = pwd.getpwnam(user)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(source, "rb") as src, os.fdopen(os.open(target, flags, 0o400), "wb") as out:
+        os.fchown(out.fileno(), pw.pw_uid, pw.pw_gid)  # readable by user from the start
+        shutil.copyfileobj(src, out, 1 << 20)
+    return target
 
 
 def serve_on_testbed(stack: contextlib.ExitStack, data_dir: Path, files: Sequence[Path],
