@@ -19,7 +19,7 @@ from typing import cast
 
 import pytest
 
-from datavine.config import ConfigError, ManagerConfig
+from datavine.config import ConfigError, LocalWorkersConfig, ManagerConfig, RunConfig
 from datavine.safe_paths import (
     UnsafePathError,
     check_private_file,
@@ -321,3 +321,61 @@ def test_the_mirror_never_changes_an_inputs_mode(tmp_path: Path) -> None:
         assert mode(copy) & 0o077 == 0  # and no one else
         assert os.stat(link).st_ino == os.stat(public).st_ino  # readable already: linked
     assert mode(private) == 0o600 and mode(public) == 0o644
+
+
+# --- local workers' sizes ---------------------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "setting"), [
+    ({"memory_mb": 0}, "memory_mb"),
+    ({"memory_mb": -100}, "memory_mb"),
+    ({"memory_mb": 1.5}, "memory_mb"),
+    ({"memory_mb": "2000"}, "memory_mb"),
+    ({"memory_mb": True}, "memory_mb"),
+    ({"disk_mb": 0}, "disk_mb"),
+    ({"cores": 0}, "cores"),
+    ({"cores": 2.0}, "cores"),
+    ({"workers": -1}, "workers"),
+    ({"idle_timeout_s": 0}, "idle_timeout_s"),
+    ({"connect_timeout_s": 0}, "connect_timeout_s"),
+])
+def test_bad_local_worker_settings_are_refused_naming_them(kwargs: dict[str, object],
+                                                           setting: str) -> None:
+    value = next(iter(kwargs.values()))
+    with pytest.raises(ConfigError, match=rf"LocalWorkersConfig\.{setting} .*{value!r}"):
+        LocalWorkersConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_good_local_worker_settings_pass() -> None:
+    cfg = LocalWorkersConfig(workers=0, cores=2, memory_mb=1500, disk_mb=None)
+    assert cfg.memory_mb == 1500
+
+
+def test_a_local_cluster_with_bad_memory_is_refused_before_it_makes_anything(
+        shared_tmp: Path) -> None:
+    from datavine.deploy.launch import local_cluster
+    from datavine.manager.cluster import LocalCluster
+
+    with pytest.raises(ConfigError, match=r"memory_mb .*got 0"):
+        LocalCluster(workers=1, memory_mb=0)
+    with pytest.raises(ConfigError, match=r"memory_mb .*got -5"):
+        local_cluster(RunConfig(), ManagerConfig(run_dir=shared_tmp / "run"), memory_mb=-5)
+    assert list(shared_tmp.iterdir()) == []  # no run folder, no password
+
+
+def test_a_facility_files_local_workers_are_checked(tmp_path: Path) -> None:
+    from datavine.deploy.facility import FacilityError, load_facility
+
+    site = tmp_path / "site.toml"
+    site.write_text("[local_workers]\nmemory_mb = 0\n")
+    with pytest.raises(FacilityError, match=r"local_workers.*memory_mb.*got 0"):
+        load_facility(site)
+
+
+def test_pools_and_local_workers_share_one_check() -> None:
+    from datavine.deploy.pools.factory import FactoryConfig
+
+    with pytest.raises(ConfigError) as pool:
+        FactoryConfig("h", 1, memory_mb=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as local:
+        LocalWorkersConfig(memory_mb=1.5)  # type: ignore[arg-type]
+    assert str(pool.value).replace("FactoryConfig", "X") == \
+        str(local.value).replace("LocalWorkersConfig", "X")

@@ -8,6 +8,7 @@ facility run; tests and the embedded default override them by keyword.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,12 +228,29 @@ class RunChanges(TypedDict, total=False):
     library_from_peers: bool
 
 
+def check_counts(owner: str, counts: Mapping[str, object], *, minimum: int = 1,
+                 optional: bool = False) -> None:
+    """Each of ``counts`` (a setting's name -> its value) a whole number >= ``minimum``, or
+    None when ``optional``; else a ConfigError naming ``owner.name`` and the value. The
+    sizes of a pool's workers (:class:`~datavine.deploy.pools.factory.FactoryConfig`) and of
+    local ones (:class:`LocalWorkersConfig`) are checked with it alike."""
+    for name, value in counts.items():
+        if value is None and optional:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                or value < minimum):
+            wanted = f"a whole number >= {minimum}{' or None' if optional else ''}"
+            raise ConfigError(f"{owner}.{name} must be {wanted}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class LocalWorkersConfig:
     """Local ``vine_worker`` processes on 127.0.0.1 (the embedded default pool).
 
     ``racks``: rack labels; worker ``i`` of ``n`` gets ``racks[i * len(racks) // n]`` (the
-    workers are split into equal blocks), as the feature ``rack:<name>``.
+    workers are split into equal blocks), as the feature ``rack:<name>``. The sizes
+    (``workers`` >= 0; ``cores``, ``idle_timeout_s`` >= 1; ``memory_mb``, ``disk_mb`` >= 1 or
+    None) are whole numbers, checked as a pool's are (:func:`check_counts`).
     """
 
     workers: int = 2
@@ -246,7 +264,11 @@ class LocalWorkersConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.workers < 0:
-            raise ConfigError(f"workers must be >= 0, got {self.workers}")
-        if self.cores < 1:
-            raise ConfigError(f"cores must be >= 1, got {self.cores}")
+        check_counts("LocalWorkersConfig", {"workers": self.workers}, minimum=0)
+        check_counts("LocalWorkersConfig", {"cores": self.cores,
+                                            "idle_timeout_s": self.idle_timeout_s})
+        check_counts("LocalWorkersConfig", {"memory_mb": self.memory_mb,
+                                            "disk_mb": self.disk_mb}, optional=True)
+        if not self.connect_timeout_s > 0:
+            raise ConfigError(f"LocalWorkersConfig.connect_timeout_s must be > 0, got "
+                              f"{self.connect_timeout_s}")

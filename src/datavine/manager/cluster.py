@@ -253,6 +253,10 @@ class LocalCluster(Cluster):
                  environment: PackedEnv | None = None, warm_up: bool = True,
                  dashboard: bool | DashboardConfig | None = None,
                  **run_options: object) -> None:
+        # checked first (ConfigError naming the setting), before a run folder is made
+        self.workers_config = LocalWorkersConfig(workers=workers, cores=cores,
+                                                 memory_mb=memory_mb, features=features,
+                                                 racks=tuple(racks))
         # RunChanges' items, but for ``racks`` (the workers' here): replace checks the names
         changes = cast(RunChanges, run_options)
         run = (run or RunConfig()).replace(**changes) if changes else run
@@ -260,9 +264,6 @@ class LocalCluster(Cluster):
                          environment=environment, dashboard=dashboard)
         self.warm_up = warm_up
         self.warm_libraries: set[tuple[str, int]] = set()  # (worker id, library PID)
-        self.workers_config = LocalWorkersConfig(workers=workers, cores=cores,
-                                                 memory_mb=memory_mb, features=features,
-                                                 racks=tuple(racks))
         self.workers: LocalWorkers | None = None
 
     def _start_workers(self) -> None:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from datavine.config import ConfigError
+from datavine.config import ConfigError, check_counts
 from datavine.scheduler.labels import rack_feature
 
 Batch = Literal["condor", "local"]
@@ -109,18 +109,15 @@ class FactoryConfig:
         if self.transfer_address is not None and not _SAFE_WORD.match(self.transfer_address):
             raise ConfigError(f"FactoryConfig.transfer_address is not an address: "
                               f"{self.transfer_address!r}")
-        if self.workers < 1:
-            raise ConfigError(f"FactoryConfig.workers must be >= 1, got {self.workers}")
+        check_counts("FactoryConfig", {"workers": self.workers, "cores": self.cores,
+                                       "idle_timeout_s": self.idle_timeout_s,
+                                       "factory_period_s": self.factory_period_s})
+        check_counts("FactoryConfig", {"memory_mb": self.memory_mb, "disk_mb": self.disk_mb,
+                                       "workers_per_cycle": self.workers_per_cycle},
+                     optional=True)
         if not 0 <= self.min_workers <= self.workers:
             raise ConfigError(f"FactoryConfig.min_workers must be in 0..workers={self.workers}, "
                               f"got {self.min_workers}")
-        for name in ("cores", "idle_timeout_s", "factory_period_s"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"FactoryConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("memory_mb", "disk_mb", "workers_per_cycle"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"FactoryConfig.{name} must be >= 1 or None, got {value}")
         for feature in self.all_features:
             if not _SAFE_WORD.match(feature):
                 raise ConfigError(f"FactoryConfig feature {feature!r}: use letters, digits "
