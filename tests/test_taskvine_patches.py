@@ -36,7 +36,11 @@
   read ahead are served though its socket has nothing more to say (a worker's hello that
   came in with the end of its password exchange).
 - ``0011``: a connection that does not finish the password exchange within the manager's
-  short timeout is logged as such, a wrong password as a wrong password.
+  short timeout is logged as such, a failed exchange (a wrong password) as one.
+- ``0012``, ``0013``, ``0014``: the password exchange that cannot be reflected or relayed,
+  handshakes off the wait loop, workers that verify the manager's certificate: see
+  ``tests/test_auth_attacks.py``, ``tests/test_silent_clients.py`` and
+  ``tests/test_tls_verify.py``.
 - Arguments and results of datavine's calls travel as TaskVine buffers
   (:func:`datavine.manager.taskvine_port.in_memory_calls`): no staging file is made for them.
 """
@@ -489,7 +493,7 @@ def test_a_silent_connection_is_not_called_a_wrong_password(tmp_path: Path) -> N
              str(wrong), "--workspace", str(tmp_path / "w"), "--timeout", "30"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         assert until(lambda: rt.manager.wait(1) is None and
-                     "presented the wrong password" in log.read_text(), 20)
+                     "failed the password exchange" in log.read_text(), 20)
         assert rt.connected_workers() == 0
     finally:
         if worker is not None:
@@ -503,20 +507,20 @@ VINE_PROTOCOL_VERSION = 12
 HELLO_WITH_AUTH = """
 import socket, sys, time
 from pathlib import Path
-from datavine.deploy.pools.manager_status import AUTH_IDENT, _Lines, _sha1
+from datavine.deploy.pools.manager_status import _Lines
+from datavine.deploy.vine_auth import AUTH_IDENT, challenge, proof
 password = Path(sys.argv[2]).read_bytes()
 sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20)
 lines = _Lines(sock)
 lines.send(AUTH_IDENT)
 assert lines.readline() == AUTH_IDENT
-mine = b"0123456789abcdef" * 4
+mine = challenge()
 lines.send(mine)
 theirs = lines.readline()
-lines.send(_sha1(password, theirs))
-assert lines.readline() == _sha1(password, mine)
+lines.send(proof(password, "worker", theirs, mine))
+assert lines.readline() == proof(password, "manager", theirs, mine)
 # the verdict and the worker's hello in one write: the manager reads both at once
 sock.sendall(b"ok\\ntaskvine %s read-ahead linux x86_64 7.15.9\\n" % sys.argv[3].encode())
-assert lines.readline() == b"ok"
 time.sleep(30)  # connected until the test ends
 """
 

@@ -2,9 +2,9 @@
 
 ``vine_status HOST PORT`` cannot authenticate, so it is refused by a manager with a password
 (as datavine's always are). This module speaks the manager's status protocol itself, as
-``vine_factory`` does: connect, answer the password challenge (cctools ``link_auth``:
-both sides prove they hold the password with SHA1 of ``"<password> <nonce>"``), send
-``<what>_status`` and read one JSON array back.
+``vine_factory`` does: connect, prove the password and check the manager's proof (the
+project's TaskVine exchange, ``datavine.deploy.vine_auth``), send ``<what>_status`` and
+read one JSON array back.
 
 The manager answers only while its owner is inside ``Manager.wait()`` (it serves
 connections there), and that call holds the GIL: query it from another process, never from
@@ -13,17 +13,14 @@ a thread of the manager's own process.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 import socket
 import ssl as ssl_module
 from pathlib import Path
 from typing import Any
 
+from datavine.deploy.vine_auth import AUTH_IDENT, AUTH_IDENT_V1, AuthRefused, authenticate_as_client
 from datavine.errors import DatavineError
-
-AUTH_IDENT = b"auth password sha1"
 
 
 class ManagerQueryError(DatavineError):
@@ -56,24 +53,6 @@ class _Lines:
         return b"".join(data)
 
 
-def _sha1(password: bytes, nonce: bytes) -> bytes:
-    return hashlib.sha1(password + b" " + nonce).hexdigest().encode()
-
-
-def _authenticate(lines: _Lines, password: bytes) -> None:
-    lines.send(AUTH_IDENT)
-    if lines.readline() != AUTH_IDENT:
-        raise ManagerQueryError("the manager does not use password authentication")
-    mine = secrets.token_hex(32).encode()
-    lines.send(mine)
-    theirs = lines.readline()
-    lines.send(_sha1(password, theirs))
-    their_answer = lines.readline()
-    lines.send(b"ok" if their_answer == _sha1(password, mine) else b"failure")
-    if lines.readline() != b"ok":
-        raise ManagerQueryError("the manager rejected the password")
-
-
 def query_manager(host: str, port: int, what: str = "manager", *,
                   password_file: Path | None = None, ssl: bool = False,
                   timeout_s: float = 5.0) -> list[dict[str, Any]]:
@@ -91,7 +70,10 @@ def query_manager(host: str, port: int, what: str = "manager", *,
             sock = ctx.wrap_socket(sock, server_hostname=host)
         lines = _Lines(sock)
         if password_file is not None:
-            _authenticate(lines, Path(password_file).read_bytes())
+            try:
+                authenticate_as_client(lines, Path(password_file).read_bytes())
+            except AuthRefused as exc:
+                raise ManagerQueryError(f"the manager at {address}: {exc}") from exc
         lines.send(f"{what}_status".encode())
         raw = lines.read_all()
     except (OSError, ssl_module.SSLError) as exc:
@@ -99,7 +81,7 @@ def query_manager(host: str, port: int, what: str = "manager", *,
             from exc
     finally:
         sock.close()
-    if raw.startswith(AUTH_IDENT):
+    if raw.startswith((AUTH_IDENT, AUTH_IDENT_V1)):
         raise ManagerQueryError(f"the manager at {address} asks for a password: pass its "
                                 "password file")
     try:
