@@ -45,6 +45,10 @@ class ManagerConfig:
         password_file: TaskVine password file; workers without it are rejected. ``None``
             makes :class:`~datavine.manager.cluster.Cluster` create one in its run directory.
         ssl_key, ssl_cert: PEM files; when both are set, workers must connect with ``--ssl``.
+            The workers a cluster starts itself check that they reach this manager: local
+            workers are pinned to ``ssl_cert``'s SHA-256 fingerprint (``--ssl-fingerprint``),
+            pools get a facility file's ``ssl_ca``/``ssl_fingerprint`` (by default the same
+            pin) (:mod:`datavine.deploy.tls`).
         run_dir: where the manager keeps logs, staging files and the password.
         name: optional project name (only used for logs; no catalog is contacted).
         worker_timeout_s: a connected worker that answers nothing for this long (it died

@@ -12,7 +12,10 @@ kills what it left at once, so the manager sees the connection close and re-runs
 worker's calls elsewhere within a second; the client's reaper (:mod:`datavine.deploy.reaper`) stops
 the workers should the client itself be killed. Workers get the manager's password file,
 their rack/feature labels, and a PATH whose ``python`` is this interpreter, so libraries run
-in the same environment as the caller.
+in the same environment as the caller. With TLS they check whom they connect to: a
+:class:`~datavine.deploy.tls.ManagerTrust` (``LocalCluster`` pins them to its manager's own
+certificate) becomes ``--ssl-ca``/``--ssl-fingerprint``, and a worker whose manager's
+certificate fails the check does not connect.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from datavine.config import LocalWorkersConfig
 from datavine.deploy.binaries import vine_binary
 from datavine.deploy.reaper import reaper
 from datavine.deploy.sessions import kill_session, stop_session
+from datavine.deploy.tls import ManagerTrust
 from datavine.io.source.xrootd import XRD_CLIENT_ENV
 from datavine.scheduler.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_of, worker_feature
 
@@ -42,11 +46,12 @@ WATCH_S = 0.25  # how often the watch thread looks for workers that exited
 def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
                    password_file: Path | None, ssl: bool, host: str = LOOPBACK,
                    labels: tuple[str, ...] = (), transfer_address: str | None = None,
-                   binary: str | None = None) -> list[str]:
+                   binary: str | None = None, trust: ManagerTrust | None = None) -> list[str]:
     """The ``vine_worker`` command line for one local worker (pure); ``labels`` are the
     worker's own features (its name and rack) on top of ``cfg.features``;
     ``transfer_address``: the only address its transfer server listens on (``None``: every
-    interface)."""
+    interface); ``trust``: what it checks the manager's certificate against (implies
+    ``ssl``)."""
     binary = binary or str(vine_binary("vine_worker"))
     cmd = [binary, host, str(port), "--cores", str(cfg.cores),
            "--workspace", str(workdir), "--timeout", str(cfg.idle_timeout_s)]
@@ -58,8 +63,10 @@ def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
         cmd += ["--disk", str(cfg.disk_mb)]
     if password_file:
         cmd += ["--password", str(password_file)]
-    if ssl:
+    if ssl or trust is not None:
         cmd.append("--ssl")
+    if trust is not None:
+        cmd += trust.worker_options()
     for feature in dict.fromkeys((*cfg.features, *labels)):
         cmd += ["--feature", feature]
     return cmd
@@ -115,18 +122,21 @@ class LocalWorkers:
     their transfer servers listen on. Both are loopback by default; ``LocalCluster`` passes
     the manager's own listening address when it has one that workers on other hosts reach
     (so that those can fetch from these), and ``transfer_address=None`` (every interface)
-    when the manager listens everywhere."""
+    when the manager listens everywhere. ``trust``: what they check the manager's
+    certificate against (implies ``ssl``)."""
 
     def __init__(self, cfg: LocalWorkersConfig, port: int, run_dir: Path, *,
                  password_file: Path | None, ssl: bool = False, host: str = LOOPBACK,
-                 transfer_address: str | None = LOOPBACK) -> None:
+                 transfer_address: str | None = LOOPBACK,
+                 trust: ManagerTrust | None = None) -> None:
         self.cfg = cfg
         self.port = port
         self.host = host
         self.transfer_address = transfer_address
         self.run_dir = Path(run_dir)
         self.password_file = password_file
-        self.ssl = ssl
+        self.ssl = ssl or trust is not None
+        self.trust = trust
         self.procs: list[subprocess.Popen[bytes]] = []
         self.exited: dict[int, int] = {}  # worker index -> exit status, as the watch saw it
         self._stop_watch = threading.Event()
@@ -147,7 +157,7 @@ class LocalWorkers:
                         else None)
             cmd = worker_command(cfg, self.port, workdir, password_file=self.password_file,
                                  ssl=self.ssl, host=self.host, labels=features,
-                                 transfer_address=transfer, binary=binary)
+                                 transfer_address=transfer, binary=binary, trust=self.trust)
             self.procs.append(subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=worker_environment({**cfg.extra_env, **labels_env}),

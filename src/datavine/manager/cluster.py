@@ -3,7 +3,8 @@
 ``LocalCluster`` is the embedded default: a manager on this host and real ``vine_worker``
 processes on 127.0.0.1, authenticated with a password file created for the run (mode 0600
 from its creation on; a password file the user names in ``ManagerConfig.password_file`` is
-refused while group or others may open it)::
+refused while group or others may open it; with TLS, ``ManagerConfig.ssl_key``/``ssl_cert``,
+each worker is pinned to the manager's certificate and connects to no other)::
 
     with datavine.LocalCluster(workers=2, cores=1) as cluster:
         dask.compute(x, scheduler=cluster.get)
@@ -45,6 +46,7 @@ from datavine.dashboard.launch import Dashboard, DashboardConfig, dashboard_conf
 from datavine.deploy.local_workers import LocalWorkers, local_worker_id
 from datavine.deploy.reaper import reaper
 from datavine.deploy.signals import terminate_gracefully
+from datavine.deploy.tls import ManagerTrust
 from datavine.manager.environment import PackedEnv
 from datavine.manager.port import ResultHook
 from datavine.manager.runtime import Runtime
@@ -61,6 +63,14 @@ def make_password_file(directory: Path) -> Path:
     (a previous run's in ``directory`` is replaced)."""
     directory.mkdir(parents=True, exist_ok=True)
     return write_secret(directory / "vine.password", secrets.token_hex(32), replace=True)
+
+
+def manager_pin(manager: ManagerConfig) -> ManagerTrust | None:
+    """The trust of workers started here for ``manager``: its own certificate's fingerprint
+    when it has TLS (``ssl_cert``), else None (no TLS, nothing to check)."""
+    if manager.ssl_cert is None:
+        return None
+    return ManagerTrust.pinned_to(Path(manager.ssl_cert))
 
 
 class Cluster:
@@ -267,10 +277,13 @@ class LocalCluster(Cluster):
         self.workers: LocalWorkers | None = None
 
     def _start_workers(self) -> None:
+        """Start the local workers; with TLS, each pinned to the manager's own certificate
+        (``--ssl-fingerprint``): one that reaches another manager does not connect."""
         self.workers = LocalWorkers(
             self.workers_config, self.port, Path(self.manager_config.run_dir) / "workers",
             password_file=self.password_file, ssl=self.manager_config.ssl is not None,
-            host=self._rt.contact_host, transfer_address=self._rt.listen_address)
+            host=self._rt.contact_host, transfer_address=self._rt.listen_address,
+            trust=manager_pin(self.manager_config))
         self.workers.start()
         cfg = self.workers_config
         for i in range(cfg.workers):
