@@ -1,7 +1,8 @@
 """A facility description (TOML) turned into datavine's configuration objects.
 
 One file says how a site runs datavine: the manager (the host name workers reach it by,
-the address it listens on, port, password, TLS, the pools' catalog), how graphs are
+the address it listens on, port, password, TLS and what the pools' workers check its
+certificate against, the pools' catalog), how graphs are
 run, the XCache shards and their racks, which hosts sit in which rack (``[racks]``, a
 :class:`~datavine.scheduler.racks.RackMap`), the worker pools, and the memory and placement
 policies. :func:`load_facility` reads it with :mod:`tomllib` and returns a
@@ -19,6 +20,11 @@ relative to the facility file's folder.
 :class:`FacilityCluster` is a :class:`~datavine.manager.cluster.Cluster` whose workers come from the
 facility's pools: it starts one ``vine_factory`` per pool for its manager, waits for the
 pre-started workers, and stops the pools when it closes (``datavine run --facility``).
+
+A manager with TLS (``[manager] ssl_key``/``ssl_cert``) has its pools' workers check its
+certificate (:mod:`datavine.deploy.tls`): against ``ssl_ca`` (a CA file: the chain, and
+the name ``host``), ``ssl_fingerprint`` (a pinned SHA-256), or both; given neither, they are
+pinned to ``ssl_cert``'s own fingerprint (:meth:`Facility.worker_trust`).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from datavine.deploy.pools.factory import (
 )
 from datavine.deploy.pools.factory_pool import FactoryPool, pool_class
 from datavine.deploy.pools.warm import WarmReport, warm_pools
+from datavine.deploy.tls import ManagerTrust, check_ca_file, check_fingerprint
 from datavine.io.shards import Shard, ShardMap
 from datavine.manager.cluster import Cluster
 from datavine.scheduler.memory import MemoryPolicy
@@ -151,7 +158,8 @@ def _get(values: Mapping[str, object], key: str, kind: type[T]) -> T | None:
 MANAGER_KEYS: dict[str, Kind] = {"host": _str, "listen_host": _str, "catalog": _str,
                                  "workers_timeout_s": _float, "port": _int,
                                  "password_file": _path, "ssl_key": _path, "ssl_cert": _path,
-                                 "run_dir": _path, "name": _str, "worker_timeout_s": _float,
+                                 "ssl_ca": _path, "ssl_fingerprint": _str, "run_dir": _path,
+                                 "name": _str, "worker_timeout_s": _float,
                                  "debug_log": _bool}
 RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "timeout_s": _float, "max_bundle_tasks": _int,
@@ -209,9 +217,11 @@ class PoolSettings:
 
     def factory_config(self, host: str, port: int, password_file: Path | None = None,
                        ssl: bool = False, *, catalog: str = NO_CATALOG,
-                       transfer_address: str | None = None) -> FactoryConfig:
+                       transfer_address: str | None = None,
+                       trust: ManagerTrust | None = None) -> FactoryConfig:
         """The pool's vine_factory settings; ``transfer_address`` applies to a local pool
-        only (its workers run on the manager's host), one on other hosts listens on all."""
+        only (its workers run on the manager's host), one on other hosts listens on all;
+        ``trust``: what the workers check the manager's certificate against."""
         local = self.batch == "local"
         return FactoryConfig(
             manager_host=host, manager_port=port, batch=self.batch,
@@ -220,7 +230,9 @@ class PoolSettings:
             rack=self.rack, password_file=password_file, ssl=ssl,
             idle_timeout_s=self.idle_timeout_s, factory_period_s=self.factory_period_s,
             extra_condor_submit=self.condor_submit, catalog=catalog,
-            transfer_address=transfer_address if local else None)
+            transfer_address=transfer_address if local else None,
+            ssl_ca=trust.ca_file if trust is not None else None,
+            ssl_fingerprint=trust.fingerprint if trust is not None else None)
 
 
 @dataclass(frozen=True)
@@ -246,11 +258,29 @@ class Facility:
     manager_host: str = "127.0.0.1"  # the name workers reach the manager by
     catalog: str = NO_CATALOG  # where the pools' vine_factory report (loopback: nowhere)
     workers_timeout_s: float = 120.0  # how long to wait for the pools' pre-started workers
+    ssl_ca: Path | None = None  # the pools' workers check the manager's certificate
+    ssl_fingerprint: str | None = None  # against these ([manager] ssl_ca, ssl_fingerprint)
 
     @property
     def prestarted_workers(self) -> int:
         """Workers the pools start without waiting for work."""
         return sum(p.prestarted for p in self.pools)
+
+    def worker_trust(self) -> ManagerTrust | None:
+        """What the pools' workers check the manager's certificate against: ``ssl_ca``
+        and/or ``ssl_fingerprint`` as given; given neither, with TLS on, a pin to the
+        manager's own ``ssl_cert``; None without TLS. Files are read now: a FacilityError
+        names the key whose file is missing or holds no certificate."""
+        key = "manager.ssl_cert"
+        try:
+            if self.ssl_ca is not None or self.ssl_fingerprint is not None:
+                key = "manager.ssl_ca"
+                return ManagerTrust(self.ssl_ca, self.ssl_fingerprint)
+            if self.manager.ssl_cert is not None:
+                return ManagerTrust.pinned_to(Path(self.manager.ssl_cert))
+        except ConfigError as exc:
+            raise FacilityError(self.path, key, str(exc)) from exc
+        return None
 
 
 def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> Facility:
@@ -282,7 +312,10 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
     if workers_timeout_s <= 0:
         raise FacilityError(path, "manager.workers_timeout_s", f"must be > 0, got "
                             f"{workers_timeout_s}")
+    ssl_ca = _pop(manager_table, "ssl_ca", Path)
+    ssl_fingerprint = _pop(manager_table, "ssl_fingerprint", str)
     manager = _manager(manager_table, path, check_files)
+    ssl_fingerprint = _trust(manager, ssl_ca, ssl_fingerprint, path, check_files)
     shards, export_root = _xcache(doc.get("xcache"), path, check_files)
     racks = _racks(doc.get("racks"), path)
     shards = _racked(shards, racks, path)
@@ -291,7 +324,7 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
                         "placement")
     run = _read_table(doc.get("run", {}), RUN_KEYS, path, "run")
     run.update(memory=memory, placement=placement, shardmap=shards, racks=racks)
-    return Facility(
+    facility = Facility(
         path=path,
         manager=manager,
         run=_build(RunConfig, run, path, "run"),
@@ -305,7 +338,12 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
         manager_host=host,
         catalog=catalog,
         workers_timeout_s=workers_timeout_s,
+        ssl_ca=ssl_ca,
+        ssl_fingerprint=ssl_fingerprint,
     )
+    if check_files and facility.pools:
+        facility.worker_trust()  # a certificate to pin to that holds none fails here
+    return facility
 
 
 def _policy(cls: Callable[..., T], table: object, schema: Mapping[str, Kind], path: Path,
@@ -326,6 +364,27 @@ def _manager(values: dict[str, object], path: Path, check_files: bool) -> Manage
             if file is not None and not file.is_file():
                 raise FacilityError(path, f"manager.{key}", f"{file} does not exist")
     return manager
+
+
+def _trust(manager: ManagerConfig, ssl_ca: Path | None, fingerprint: str | None, path: Path,
+           check_files: bool) -> str | None:
+    """``[manager] ssl_ca`` and ``ssl_fingerprint`` checked: TLS on the manager for either,
+    the fingerprint's form (returned in one form), the CA file (with ``check_files``)."""
+    for key, given in (("ssl_ca", ssl_ca), ("ssl_fingerprint", fingerprint)):
+        if given is not None and manager.ssl is None:
+            raise FacilityError(path, f"manager.{key}", "the workers check the manager's "
+                                "certificate only with TLS on: give ssl_key and ssl_cert")
+    try:
+        if fingerprint is not None:
+            fingerprint = check_fingerprint(fingerprint)
+    except ConfigError as exc:
+        raise FacilityError(path, "manager.ssl_fingerprint", str(exc)) from exc
+    try:
+        if ssl_ca is not None and check_files:
+            check_ca_file(ssl_ca)
+    except ConfigError as exc:
+        raise FacilityError(path, "manager.ssl_ca", str(exc)) from exc
+    return fingerprint
 
 
 def _xcache(table: object, path: Path, check_files: bool) -> tuple[ShardMap | None, Path | None]:
@@ -420,12 +479,16 @@ class FacilityCluster(Cluster):
         self.warm_report: WarmReport | None = None
 
     def _start_workers(self) -> None:
+        """One pool per ``[[pools]]``; with TLS, their workers check the manager's
+        certificate (:meth:`Facility.worker_trust`)."""
+        trust = self.facility.worker_trust() if self.facility.pools else None
         for settings in self.facility.pools:
             cfg = settings.factory_config(self.facility.manager_host, self.port,
                                           self.password_file,
                                           ssl=self.manager_config.ssl is not None,
                                           catalog=self.facility.catalog,
-                                          transfer_address=self._rt.listen_address)
+                                          transfer_address=self._rt.listen_address,
+                                          trust=trust)
             pool = pool_class(settings.batch)(cfg, name=settings.name, pool_dir=self.pool_dir)
             pool.start()
             self.pools.append(pool)  # only once started: stop() must not touch another's

@@ -6,6 +6,11 @@ sub-command sets ``func``, a handler taking the parsed arguments and returning a
 
 A started pool is a detached ``vine_factory``; its state file in the pools folder
 (``build/pools/<name>.json``) is how ``status`` and ``stop`` find it later.
+
+``pool start --ssl-ca FILE`` / ``--ssl-fingerprint HEX`` have the workers check the
+manager's certificate (:mod:`datavine.deploy.tls`); given neither, ``--facility``'s manager
+supplies them (its ``ssl_ca``/``ssl_fingerprint``, or a pin to its ``ssl_cert``). ``--ssl``
+alone encrypts and checks nothing, and says so.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from datavine.deploy.pools.base import PoolError, PoolTimeoutError
 from datavine.deploy.pools.factory import BATCHES, FactoryConfig
 from datavine.deploy.pools.factory_pool import FactoryPool, pool_class
 from datavine.deploy.pools.state import default_pool_dir, list_states
+from datavine.deploy.tls import ManagerTrust, check_ca_file, check_fingerprint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -41,6 +47,20 @@ def _manager(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host, int(port)
+
+
+def _ca_file(text: str) -> Path:
+    try:
+        return check_ca_file(Path(text).resolve(), "--ssl-ca")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fingerprint(text: str) -> str:
+    try:
+        return check_fingerprint(text, "--ssl-fingerprint")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_pool_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -70,7 +90,15 @@ def add_pool_commands(subparsers: argparse._SubParsersAction) -> argparse.Argume
     start.add_argument("--feature", action="append", default=[], help="a worker feature")
     start.add_argument("--manager", type=_manager, required=True, metavar="HOST:PORT")
     start.add_argument("--password", type=Path, metavar="FILE", help="the manager's password")
-    start.add_argument("--ssl", action="store_true", help="workers connect with TLS")
+    start.add_argument("--ssl", action="store_true",
+                       help="workers connect with TLS (and check nothing, without --ssl-ca "
+                       "or --ssl-fingerprint)")
+    start.add_argument("--ssl-ca", type=_ca_file, metavar="FILE",
+                       help="workers check the manager's certificate against these CA "
+                       "certificates (PEM) and the name in --manager; implies --ssl")
+    start.add_argument("--ssl-fingerprint", type=_fingerprint, metavar="HEX",
+                       help="workers check that the manager's certificate has this SHA-256 "
+                       "fingerprint (colons allowed); implies --ssl")
     start.add_argument("--idle-timeout", type=cli_types.positive, default=900, metavar="S",
                        help="a worker without work for S seconds exits (default 900)")
     start.add_argument("--factory-period", type=cli_types.positive, default=5, metavar="S")
@@ -132,12 +160,15 @@ def cmd_start(args: argparse.Namespace) -> int:
     """``datavine pool start``."""
     host, port = args.manager
     rack = args.rack or _facility_rack(args)
+    trust = _trust(args)
     cfg = FactoryConfig(
         manager_host=host, manager_port=port, batch=args.batch, workers=args.workers,
         min_workers=args.workers if args.min_workers is None else args.min_workers,
         cores=args.cores, memory_mb=args.memory, disk_mb=args.disk,
         features=tuple(args.feature), rack=rack, named=not args.anonymous,
         password_file=args.password.resolve() if args.password else None, ssl=args.ssl,
+        ssl_ca=trust.ca_file if trust else None,
+        ssl_fingerprint=trust.fingerprint if trust else None,
         idle_timeout_s=args.idle_timeout, factory_period_s=args.factory_period,
         extra_condor_submit=tuple(args.condor_submit), debug_workers=args.debug_workers,
         transfer_address=local_transfer_address(args.batch, host))
@@ -146,6 +177,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(f"pool {pool.name!r} started: vine_factory pid {pool.pid} ({args.batch}), "
           f"up to {cfg.workers} worker(s) for the manager at {cfg.manager}; "
           f"log {pool.log_path}")
+    if cfg.ssl and trust is None:
+        print(f"pool {pool.name!r}: its workers use TLS but do not check the manager's "
+              "certificate: anyone holding its address can play the manager (give "
+              "--ssl-ca or --ssl-fingerprint)", file=sys.stderr)
     if rack is None:
         print(f"pool {pool.name!r}: its workers have no rack, so placement cannot keep reads "
               "near them (give --rack, or --facility with a rack for this pool)")
@@ -160,6 +195,18 @@ def cmd_start(args: argparse.Namespace) -> int:
             return 1
         print(status.summary())
     return 0
+
+
+def _trust(args: argparse.Namespace) -> ManagerTrust | None:
+    """What the workers check the manager's certificate against: ``--ssl-ca`` and/or
+    ``--ssl-fingerprint``; given neither, ``--facility``'s manager's (if it has TLS)."""
+    if args.ssl_ca is not None or args.ssl_fingerprint is not None:
+        return ManagerTrust(args.ssl_ca, args.ssl_fingerprint)
+    if args.facility is None:
+        return None
+    from datavine.deploy.facility import load_facility
+
+    return load_facility(args.facility, check_files=False).worker_trust()
 
 
 def _facility_rack(args: argparse.Namespace) -> str | None:

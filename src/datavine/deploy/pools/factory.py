@@ -14,6 +14,12 @@ Defaults that differ from vine_factory's own, on purpose:
   ``[manager] catalog``);
 - ``idle_timeout_s`` is always passed: vine_factory never removes an idle worker itself,
   workers leave through their own idle timeout, which is how a pool scales down.
+
+Workers that check the manager's certificate (``ssl_ca``, ``ssl_fingerprint``,
+:mod:`datavine.deploy.tls`) get ``--ssl-ca``/``--ssl-fingerprint`` through vine_factory's
+``--extra-options``; the CA file travels with every job as a wrapper input (vine_factory
+copies it into its scratch folder and ships it, as it does the password file), named in
+the job's folder (:mod:`~datavine.deploy.pools.ca_file`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from datavine.config import ConfigError, check_counts
+from datavine.deploy.tls import check_fingerprint, trust_options
 from datavine.scheduler.labels import rack_feature
 
 Batch = Literal["condor", "local"]
@@ -44,7 +51,13 @@ class FactoryConfig:
     Whom the workers serve:
         manager_host, manager_port: the TaskVine manager (direct, no catalog lookup).
         password_file: the manager's password; workers without it are rejected.
-        ssl: workers connect with TLS.
+        ssl: workers connect with TLS (without ``ssl_ca``/``ssl_fingerprint`` they do not
+            check whom they reach).
+        ssl_ca: a PEM file of CA certificates: the manager's certificate must verify
+            against it and name ``manager_host`` (``--ssl-ca``; implies ``ssl``). The
+            file is shipped with every job.
+        ssl_fingerprint: the manager's certificate must have this SHA-256 fingerprint
+            (``--ssl-fingerprint``; implies ``ssl``); kept as 64 lowercase hex digits.
         catalog: where the factory reports and workers look up managers (``host:port``);
             loopback by default so that nothing leaves the site.
         transfer_address: the only address the workers' transfer servers listen on
@@ -87,6 +100,8 @@ class FactoryConfig:
     rack: str | None = None
     password_file: Path | None = None
     ssl: bool = False
+    ssl_ca: Path | None = None
+    ssl_fingerprint: str | None = None
     idle_timeout_s: int = 300
     factory_period_s: int = 5
     workers_per_cycle: int | None = None
@@ -127,13 +142,31 @@ class FactoryConfig:
                 raise ConfigError(f"FactoryConfig.extra_condor_submit: one line each: {line!r}")
         if self.extra_condor_submit and self.batch != "condor":
             raise ConfigError("FactoryConfig.extra_condor_submit needs batch='condor'")
+        self._check_trust()
+
+    def _check_trust(self) -> None:
+        """``ssl_fingerprint`` in one form, a CA file's name the worker's command can carry,
+        and ``ssl`` on when either is given (the factory's own queries use TLS too)."""
+        if self.ssl_fingerprint is not None:
+            object.__setattr__(self, "ssl_fingerprint", check_fingerprint(
+                self.ssl_fingerprint, "FactoryConfig.ssl_fingerprint"))
+        if self.ssl_ca is not None and not _SAFE_WORD.match(Path(self.ssl_ca).name):
+            raise ConfigError(f"FactoryConfig.ssl_ca={str(self.ssl_ca)!r}: its name goes on "
+                              "the workers' command line: use letters, digits and "
+                              "_.:=+@%,- only")
+        if self.ssl_ca is not None or self.ssl_fingerprint is not None:
+            object.__setattr__(self, "ssl", True)
 
     @property
     def worker_options(self) -> str | None:
-        """Options vine_factory adds to every worker's command line (``--extra-options``)."""
-        if self.transfer_address is None:
-            return None
-        return f"--transfer-address {self.transfer_address}"
+        """Options vine_factory adds to every worker's command line (``--extra-options``):
+        the transfer address, the checks of the manager's certificate (the CA file by its
+        name in the job's folder, where it is shipped)."""
+        options = [] if self.transfer_address is None else [
+            f"--transfer-address {self.transfer_address}"]
+        ca_name = Path(self.ssl_ca).name if self.ssl_ca is not None else None
+        options += trust_options(ca_name, self.ssl_fingerprint)
+        return " ".join(options) or None
 
     @property
     def all_features(self) -> tuple[str, ...]:
@@ -182,7 +215,8 @@ def factory_config_text(cfg: FactoryConfig) -> str:
 
 def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
                     config_file: Path | None = None, debug_file: Path | None = None,
-                    parent_death: bool = False, wrapper: Path | None = None) -> list[str]:
+                    parent_death: bool = False, wrapper: Path | None = None,
+                    ca_wrapper: Path | None = None) -> list[str]:
     """The ``vine_factory`` command line for ``cfg`` (pure).
 
     ``config_file``: a JSON file with :func:`factory_json`'s content, re-read each period.
@@ -190,7 +224,12 @@ def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
     ``parent_death``: the factory exits, removing its workers, when its parent dies.
     ``wrapper``: the script that names each worker (``cfg.named``); vine_factory copies it
     into its scratch folder and ships it with every job.
+    ``ca_wrapper``: with ``cfg.ssl_ca``, the script that names the shipped CA file by its
+    full path in the job's folder (:mod:`~datavine.deploy.pools.ca_file`); required then.
     """
+    if cfg.ssl_ca is not None and ca_wrapper is None:
+        raise ConfigError("FactoryConfig.ssl_ca needs the CA wrapper (ca_wrapper=): "
+                          "vine_worker opens the file from its workspace")
     cmd = [binary, "-T", cfg.batch, "--catalog", cfg.catalog,
            "--min-workers", str(cfg.min_workers), "--max-workers", str(cfg.workers),
            "--timeout", str(cfg.idle_timeout_s), "--factory-period", str(cfg.factory_period_s),
@@ -218,6 +257,9 @@ def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
         cmd.append("--debug-workers")
     if cfg.named and wrapper is not None:
         cmd += ["--wrapper", f"./{wrapper.name}", "--wrapper-input", str(wrapper)]
+    if cfg.ssl_ca is not None and ca_wrapper is not None:  # shipped with every job
+        cmd += ["--wrapper", f"./{ca_wrapper.name}", "--wrapper-input", str(ca_wrapper),
+                "--wrapper-input", str(cfg.ssl_ca)]
     if config_file is not None:
         cmd += ["--config-file", str(config_file)]
     if debug_file is not None:
@@ -246,7 +288,7 @@ def config_from_dict(doc: Mapping[str, Any]) -> FactoryConfig:
     if unknown:
         raise ConfigError(f"unknown FactoryConfig keys: {sorted(unknown)}")
     values = dict(doc)
-    for key in ("password_file", "scratch_dir"):
+    for key in ("password_file", "scratch_dir", "ssl_ca"):
         if values.get(key) is not None:
             values[key] = Path(values[key])
     for key in ("features", "extra_condor_submit"):

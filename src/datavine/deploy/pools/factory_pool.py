@@ -11,6 +11,10 @@ removed.
 ``start(detach=False)`` (the default, for ``with`` blocks and tests) passes
 ``--parent-death``: if the calling process dies, the factory removes its workers and exits.
 ``start(detach=True)`` (``datavine pool start``) lets the factory outlive its caller.
+
+A pool whose workers check the manager's certificate against a CA file (``ssl_ca``) ships
+a copy of it with every job (:mod:`~datavine.deploy.pools.ca_file`); the pool's status
+queries check the manager's certificate the same way as its workers do.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import ClassVar, Self
 
 from datavine.deploy.binaries import cctools_prefix, vine_binary
 from datavine.deploy.pools.base import PoolError, PoolStatus, WorkerPool
+from datavine.deploy.pools.ca_file import stage_ca, write_ca_wrapper
 from datavine.deploy.pools.factory import (
     Batch,
     FactoryConfig,
@@ -45,6 +50,8 @@ from datavine.deploy.pools.state import (
     remove_state,
     write_state,
 )
+from datavine.deploy.tls import ManagerTrust, check_ca_file
+from datavine.errors import ConfigError
 from datavine.safe_paths import check_private_file
 from datavine.scheduler.labels import ENV_RACK
 
@@ -69,6 +76,14 @@ def worker_environment() -> dict[str, str]:
             env["PYTHONPATH"] = str(site[-1])
     env["PATH"] = os.pathsep.join([*paths, "/usr/local/bin", "/usr/bin", "/bin"])
     return env
+
+
+def manager_trust(cfg: FactoryConfig) -> ManagerTrust | None:
+    """What the pool's workers check the manager's certificate against, as a trust for
+    datavine's own status queries; None when they check nothing."""
+    if cfg.ssl_ca is None and cfg.ssl_fingerprint is None:
+        return None
+    return ManagerTrust(cfg.ssl_ca, cfg.ssl_fingerprint)
 
 
 def factory_alive(pid: int) -> bool:
@@ -164,6 +179,8 @@ class FactoryPool(WorkerPool):
     def start(self, *, detach: bool = False) -> Self:
         if self.config.password_file is not None:  # the user's: refused while others may read it
             check_private_file(self.config.password_file, f"pool {self.name!r}'s password file")
+        if self.config.ssl_ca is not None:
+            check_ca_file(self.config.ssl_ca, f"pool {self.name!r}'s ssl_ca")
         old = read_state(self.pool_dir, self.name)
         if old is not None:
             if factory_alive(old.pid):
@@ -172,14 +189,15 @@ class FactoryPool(WorkerPool):
             self.pid = old.pid  # a factory that died: clear what it left behind
             self._remove_jobs(STOP_TIMEOUT_S, factory_seen=False)
         scratch = self.scratch_dir
-        run_cfg = self._prepare(scratch)
+        run_cfg = stage_ca(self._prepare(scratch), scratch)
         config_file = scratch / "factory.json"
         config_file.write_text(factory_config_text(run_cfg))
         # vine_factory copies wrapper inputs into its scratch folder: keep the source apart
         wrapper = write_wrapper(scratch / "identity") if run_cfg.named else None
+        ca_wrapper = write_ca_wrapper(scratch) if run_cfg.ssl_ca is not None else None
         cmd = factory_command(run_cfg, binary=str(vine_binary("vine_factory")),
                               config_file=config_file, debug_file=scratch / "factory.debug",
-                              parent_death=not detach, wrapper=wrapper)
+                              parent_death=not detach, wrapper=wrapper, ca_wrapper=ca_wrapper)
         env = worker_environment()
         if run_cfg.rack:  # the workers' libraries report their rack with each result
             env[ENV_RACK] = run_cfg.rack
@@ -231,8 +249,8 @@ class FactoryPool(WorkerPool):
         try:
             connected: int | None = connected_workers(
                 cfg.manager_host, cfg.manager_port, password_file=cfg.password_file,
-                ssl=cfg.ssl, timeout_s=3.0)
-        except ManagerQueryError as exc:
+                ssl=cfg.ssl, trust=manager_trust(cfg), timeout_s=3.0)
+        except (ManagerQueryError, ConfigError) as exc:
             connected = None
             details.append(str(exc))
         jobs: dict[str, int] | None

@@ -6,6 +6,13 @@
 project's TaskVine exchange, ``datavine.deploy.vine_auth``), send ``<what>_status`` and
 read one JSON array back.
 
+With TLS it checks whom it reached before it says anything, as the workers do
+(:mod:`datavine.deploy.tls`): given a :class:`~datavine.deploy.tls.ManagerTrust`, the
+manager's certificate must verify against its CA file and name the host connected to,
+and/or have its pinned SHA-256 fingerprint, else :class:`ManagerQueryError` and nothing is
+sent (no password proof to an impostor). ``ssl=True`` without a trust checks nothing (a
+pool whose workers check nothing either).
+
 The manager answers only while its owner is inside ``Manager.wait()`` (it serves
 connections there), and that call holds the GIL: query it from another process, never from
 a thread of the manager's own process.
@@ -19,6 +26,7 @@ import ssl as ssl_module
 from pathlib import Path
 from typing import Any
 
+from datavine.deploy.tls import ManagerTrust, fingerprint_of_der
 from datavine.deploy.vine_auth import AUTH_IDENT, AUTH_IDENT_V1, AuthRefused, authenticate_as_client
 from datavine.errors import DatavineError
 
@@ -53,21 +61,54 @@ class _Lines:
         return b"".join(data)
 
 
+def tls_context(trust: ManagerTrust | None) -> ssl_module.SSLContext:
+    """A client context: with ``trust.ca_file``, the chain must verify against it and the
+    certificate name the host; otherwise no check here (a pinned fingerprint is compared
+    after the handshake, :func:`check_peer`)."""
+    ctx = ssl_module.SSLContext(ssl_module.PROTOCOL_TLS_CLIENT)
+    if trust is not None and trust.ca_file is not None:
+        ctx.load_verify_locations(cafile=str(trust.ca_file))
+        ctx.check_hostname = True  # an address is matched against the IP SANs
+        ctx.verify_mode = ssl_module.CERT_REQUIRED
+    else:  # nothing configured to check against (a pinned fingerprint is checked after)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl_module.CERT_NONE
+    return ctx
+
+
+def check_peer(sock: ssl_module.SSLSocket, trust: ManagerTrust, address: str) -> None:
+    """ManagerQueryError unless the peer's certificate has ``trust``'s pinned fingerprint."""
+    der = sock.getpeercert(binary_form=True)
+    if der is None or not trust.matches(der):
+        got = fingerprint_of_der(der) if der is not None else "none"
+        raise ManagerQueryError(f"the manager at {address} presented a certificate whose "
+                                f"SHA-256 fingerprint is {got}, not the pinned "
+                                f"{trust.fingerprint}: not the manager (nothing was sent)")
+
+
 def query_manager(host: str, port: int, what: str = "manager", *,
                   password_file: Path | None = None, ssl: bool = False,
+                  trust: ManagerTrust | None = None,
                   timeout_s: float = 5.0) -> list[dict[str, Any]]:
-    """The manager's ``<what>_status`` answer: ``manager``, ``worker``, ``task``..."""
+    """The manager's ``<what>_status`` answer: ``manager``, ``worker``, ``task``...;
+    ``trust``: what its certificate is checked against (implies ``ssl``)."""
     address = f"{host}:{port}"
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:
         raise ManagerQueryError(f"cannot connect to the manager at {address}: {exc}") from exc
     try:
-        if ssl:
-            ctx = ssl_module.SSLContext(ssl_module.PROTOCOL_TLS_CLIENT)
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl_module.CERT_NONE  # TaskVine managers use self-signed certs
-            sock = ctx.wrap_socket(sock, server_hostname=host)
+        if ssl or trust is not None:
+            try:
+                tls = tls_context(trust).wrap_socket(sock, server_hostname=host)
+            except ssl_module.SSLCertVerificationError as exc:
+                ca = trust.ca_file if trust is not None else None
+                raise ManagerQueryError(f"the certificate of the manager at {address} does "
+                                        f"not verify against {ca} as {host!r}: "
+                                        f"{exc.verify_message} (nothing was sent)") from exc
+            sock = tls
+            if trust is not None:
+                check_peer(tls, trust, address)
         lines = _Lines(sock)
         if password_file is not None:
             try:
@@ -94,10 +135,11 @@ def query_manager(host: str, port: int, what: str = "manager", *,
 
 
 def connected_workers(host: str, port: int, *, password_file: Path | None = None,
-                      ssl: bool = False, timeout_s: float = 5.0) -> int:
+                      ssl: bool = False, trust: ManagerTrust | None = None,
+                      timeout_s: float = 5.0) -> int:
     """How many workers are connected to the manager now."""
     answer = query_manager(host, port, "manager", password_file=password_file, ssl=ssl,
-                           timeout_s=timeout_s)
+                           trust=trust, timeout_s=timeout_s)
     if not answer:
         raise ManagerQueryError(f"the manager at {host}:{port} sent an empty status")
     return int(answer[0].get("workers", 0))
