@@ -1,0 +1,586 @@
+"""Workers check the manager's certificate (issue 28, item 3; TaskVine patch 0014).
+
+With TLS on, a worker used to wrap its connection without looking at the certificate, so
+whoever held the manager's address could play the manager. Here, on the real binaries, a
+worker given the site's CA (``--ssl-ca``) or the manager's pinned fingerprint
+(``--ssl-fingerprint``) connects to its manager and runs a task, and refuses an impostor
+whose self-signed certificate carries the same subject and address, saying why; a worker
+with plain ``--ssl`` does connect to that impostor (the attack the checks stop). The
+impostor even holds the password (a relay, a leaked password): only the certificate check
+stands between it and the worker. A ``LocalCluster`` with TLS pins its workers to its own
+certificate, pools carry the checks through ``vine_factory`` (a real local pool too),
+facility files and ``datavine pool start`` name them, and datavine's status client checks
+the manager as the workers do, sending nothing to an impostor.
+
+The certificates are made with the ``openssl`` command: a CA, the manager's certificate
+signed by it for ``IP:127.0.0.1``, the impostor's (self-signed, same subject and address)
+and one signed by the CA for another host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from dask import delayed
+
+import datavine
+from datavine.config import ConfigError, LocalWorkersConfig
+from datavine.deploy.binaries import vine_binary
+from datavine.deploy.facility import FacilityCluster, FacilityError, load_facility
+from datavine.deploy.local_workers import worker_command, worker_environment
+from datavine.deploy.pools import cli as pool_cli
+from datavine.deploy.pools.base import PoolStatus, WorkerPool
+from datavine.deploy.pools.ca_file import CA_NAME, stage_ca, write_ca_wrapper
+from datavine.deploy.pools.condor import CondorPool
+from datavine.deploy.pools.factory import (
+    FactoryConfig,
+    config_from_dict,
+    config_to_dict,
+    factory_command,
+)
+from datavine.deploy.pools.local import LocalFactoryPool
+from datavine.deploy.pools.manager_status import ManagerQueryError, connected_workers
+from datavine.deploy.pools.state import default_pool_dir
+from datavine.deploy.sessions import stop_session
+from datavine.deploy.tls import ManagerTrust, certificate_fingerprint
+from datavine.deploy.vine_auth import AUTH_IDENT
+from datavine.manager.cluster import manager_pin
+
+pytest_plugins = ["tests.fixtures_condor"]  # condor_diagnostics (and the personal pool)
+taskvine = pytest.mark.taskvine
+T = TypeVar("T")
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]  # quick to make
+SUBJECT = "/CN=datavine manager"
+REFUSED_S = 4.0  # how long a refused worker is watched not to connect (it retries each ~1 s)
+
+
+# --- certificates -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Certs:
+    ca: Path  # the site's CA certificate
+    key: Path  # the manager's key and certificate (signed by the CA, IP:127.0.0.1)
+    cert: Path
+    impostor_key: Path  # self-signed, the same subject and address
+    impostor_cert: Path
+    elsewhere_key: Path  # signed by the CA, for another host
+    elsewhere_cert: Path
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def signed(folder: Path, name: str, san: str, ca: Path, ca_key: Path) -> tuple[Path, Path]:
+    key, csr, cert, ext = (folder / f"{name}{s}" for s in (".key", ".csr", ".pem", ".ext"))
+    ext.write_text(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
+                   "extendedKeyUsage=serverAuth\n")
+    openssl("req", "-new", *EC, "-keyout", str(key), "-out", str(csr), "-subj", SUBJECT)
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(ext))
+    return key, cert
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    assert shutil.which("openssl"), "openssl is missing: scripts/setup.sh installs it"
+    d = tmp_path_factory.mktemp("certs")
+    ca, ca_key = d / "ca.pem", d / "ca.key"
+    openssl("req", "-x509", *EC, "-keyout", str(ca_key), "-out", str(ca), "-days", "1",
+            "-subj", "/CN=datavine test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    key, cert = signed(d, "manager", "IP:127.0.0.1", ca, ca_key)
+    elsewhere_key, elsewhere_cert = signed(d, "elsewhere", "DNS:elsewhere.example", ca, ca_key)
+    impostor_key, impostor_cert = d / "impostor.key", d / "impostor.pem"
+    openssl("req", "-x509", *EC, "-keyout", str(impostor_key), "-out", str(impostor_cert),
+            "-days", "1", "-subj", SUBJECT, "-addext", "subjectAltName=IP:127.0.0.1")
+    return Certs(ca, key, cert, impostor_key, impostor_cert, elsewhere_key, elsewhere_cert)
+
+
+def openssl_fingerprint(cert: Path) -> str:
+    """``AB:CD:...`` as ``openssl x509 -fingerprint -sha256`` prints it."""
+    out = subprocess.run(["openssl", "x509", "-noout", "-fingerprint", "-sha256", "-in",
+                          str(cert)], check=True, capture_output=True, text=True).stdout
+    return out.strip().split("=", 1)[1]
+
+
+# --- managers and hand-started workers --------------------------------------------------------
+@contextlib.contextmanager
+def tls_manager(tmp_path: Path, key: Path, cert: Path) -> Iterator[datavine.Cluster]:
+    cfg = datavine.ManagerConfig(run_dir=tmp_path / "mgr", ssl_key=key, ssl_cert=cert)
+    with datavine.Cluster(cfg, dashboard=False) as c:
+        yield c
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> str:
+        """Stop it (and what it started); what it wrote."""
+        stop_session(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        return self.log.read_text(errors="replace")
+
+
+def start_worker(c: datavine.Cluster, tmp_path: Path, name: str, *extra: str) -> Worker:
+    log = tmp_path / f"{name}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(vine_binary("vine_worker")), "127.0.0.1", str(c.port), "--cores", "1",
+             "--password", str(c.password_file), "--workspace", str(tmp_path / name),
+             "--timeout", "30", *extra],
+            stdout=out, stderr=subprocess.STDOUT, env=worker_environment(),
+            start_new_session=True)
+    return Worker(proc, log)
+
+
+def connected_after(c: datavine.Cluster, seconds: float) -> int:
+    assert c.runtime is not None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        c.runtime.manager.wait(1)
+    return c.runtime.connected_workers()
+
+
+def runs_a_task(c: datavine.Cluster) -> None:
+    assert c.runtime is not None
+    c.runtime.wait_for_workers(1, 20)
+    assert delayed(operator.add)(2, 3).compute(scheduler=c.get) == 5
+
+
+def pumped(c: datavine.Cluster, fn: Callable[[], T], timeout_s: float = 20.0) -> T:
+    """``fn()`` on a thread while this one serves the manager (its ``wait``)."""
+    assert c.runtime is not None
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(fn)
+        deadline = time.monotonic() + timeout_s
+        while not future.done() and time.monotonic() < deadline:
+            c.runtime.manager.wait(1)
+        return future.result(timeout=1)
+
+
+def checks(kind: str, certs: Certs) -> tuple[str, ...]:
+    """The worker's options of one kind of check, for the real manager's certificate."""
+    if kind == "ca":
+        return (f"--ssl-ca={certs.ca}",)
+    return (f"--ssl-fingerprint={openssl_fingerprint(certs.cert)}",)  # openssl's own form
+
+
+# --- on the real binaries ---------------------------------------------------------------------
+@taskvine
+@pytest.mark.parametrize("kind", ["ca", "fingerprint"])
+def test_a_worker_that_checks_connects_to_its_manager_and_runs_a_task(
+        kind: str, certs: Certs, tmp_path: Path) -> None:
+    with tls_manager(tmp_path, certs.key, certs.cert) as c:
+        worker = start_worker(c, tmp_path, "w", *checks(kind, certs))
+        try:
+            runs_a_task(c)
+        finally:
+            worker.stop()
+
+
+@taskvine
+@pytest.mark.parametrize("kind", ["ca", "fingerprint"])
+def test_a_worker_that_checks_refuses_an_impostor_that_plain_ssl_serves(
+        kind: str, certs: Certs, tmp_path: Path) -> None:
+    """The impostor's certificate has the manager's subject and address, and it holds the
+    password: a worker that checks does not connect, and says why; one with plain --ssl
+    connects to it (what the check stops)."""
+    why = "does not verify against" if kind == "ca" else "pinned SHA-256 fingerprint"
+    with tls_manager(tmp_path, certs.impostor_key, certs.impostor_cert) as c:
+        checked = start_worker(c, tmp_path, "checked", *checks(kind, certs))
+        try:
+            assert connected_after(c, REFUSED_S) == 0, "a checking worker served an impostor"
+            plain = start_worker(c, tmp_path, "plain", "--ssl")
+            try:
+                runs_a_task(c)  # the attack, without the check: the worker serves the impostor
+                assert connected_after(c, 1) == 1  # the plain one; the checked one still out
+            finally:
+                plain.stop()
+        finally:
+            said = checked.stop()
+    assert why in said, said
+    assert "could not setup ssl connection (or the manager's certificate did not verify)" in said
+
+
+@taskvine
+def test_a_worker_with_the_ca_refuses_a_certificate_for_another_host(
+        certs: Certs, tmp_path: Path) -> None:
+    """Signed by the right CA, but naming another host: the name check refuses it."""
+    with tls_manager(tmp_path, certs.elsewhere_key, certs.elsewhere_cert) as c:
+        worker = start_worker(c, tmp_path, "w", f"--ssl-ca={certs.ca}")
+        try:
+            assert connected_after(c, REFUSED_S) == 0
+        finally:
+            said = worker.stop()
+    assert "as '127.0.0.1'" in said and "mismatch" in said.lower(), said
+
+
+@taskvine
+def test_a_local_cluster_with_tls_pins_its_workers_and_runs_a_graph(
+        certs: Certs, tmp_path: Path) -> None:
+    cfg = datavine.ManagerConfig(run_dir=tmp_path / "mgr", ssl_key=certs.key,
+                                 ssl_cert=certs.cert)
+    pin = f"--ssl-fingerprint={certificate_fingerprint(certs.cert)}"
+    with datavine.LocalCluster(workers=1, manager=cfg, dashboard=False) as c:
+        assert c.workers is not None
+        for proc in c.workers.procs:  # the command each was started with
+            assert pin in proc.args and "--ssl" in proc.args
+        total = delayed(sum)([delayed(operator.mul)(i, 2) for i in range(10)])
+        assert total.compute(scheduler=c.get) == 90
+    trust = manager_pin(cfg)
+    assert trust is not None
+    cmd = worker_command(LocalWorkersConfig(workers=1), 9123, tmp_path, password_file=None,
+                         ssl=True, trust=trust, binary="vine_worker")
+    assert pin in cmd
+    assert manager_pin(datavine.ManagerConfig(run_dir=tmp_path)) is None  # no TLS, no pin
+
+
+@taskvine
+def test_a_local_pool_ships_the_ca_to_its_workers(certs: Certs, tmp_path: Path) -> None:
+    """Through a real vine_factory: the CA file travels with the job, the worker names it
+    in its folder, checks the manager with it and connects."""
+    with tls_manager(tmp_path, certs.key, certs.cert) as c:
+        cfg = FactoryConfig("127.0.0.1", c.port, batch="local", workers=1, min_workers=1,
+                            password_file=c.password_file, ssl_ca=certs.ca,
+                            idle_timeout_s=60, factory_period_s=1)
+        with LocalFactoryPool(cfg, name="t-tls", pool_dir=tmp_path / "pools") as pool:
+            assert c.runtime is not None
+            c.runtime.wait_for_workers(1, 25)
+            (pid,) = _pool_workers(pool.pid)
+            args = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+            (ca,) = [a.removeprefix("--ssl-ca=") for a in args if a.startswith("--ssl-ca=")]
+            shipped = pool.scratch_dir / CA_NAME  # vine_factory's copy, in the job's folder
+            assert Path(ca).resolve() == shipped.resolve()  # by its full path (the wrapper)
+            assert shipped.read_bytes() == certs.ca.read_bytes()
+
+
+@taskvine
+def test_a_facility_with_tls_runs_on_pool_workers_pinned_to_its_manager(
+        certs: Certs, tmp_path: Path) -> None:
+    """``datavine run --facility``'s cluster: TLS named, nothing else; its pool's workers
+    are pinned to the manager's certificate, connect, and run a graph."""
+    path = facility(tmp_path, certs, f'run_dir = "{tmp_path / "mgr"}"\nworkers_timeout_s = 60')
+    with FacilityCluster(load_facility(path), pool_dir=tmp_path / "pools") as c:
+        (pool,) = c.pools
+        assert pool.config.ssl_fingerprint == certificate_fingerprint(certs.cert)
+        (pid,) = _pool_workers(pool.pid)
+        pin = f"--ssl-fingerprint={certificate_fingerprint(certs.cert)}"
+        assert pin in Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        total = delayed(sum)([delayed(operator.add)(i, 1) for i in range(6)])
+        assert total.compute(scheduler=c.get) == 21
+
+
+@taskvine
+@pytest.mark.condor
+def test_a_condor_pool_ships_the_ca_to_its_jobs(certs: Certs, tmp_path: Path,
+                                                condor_diagnostics: None) -> None:
+    """The same through HTCondor: the CA file reaches the job's own folder (not a shared
+    one), where the worker finds it by its full path, checks the manager and connects."""
+    with tls_manager(tmp_path, certs.key, certs.cert) as c:
+        cfg = FactoryConfig("127.0.0.1", c.port, workers=1, min_workers=1,
+                            password_file=c.password_file, ssl_ca=certs.ca,
+                            idle_timeout_s=60, factory_period_s=1)
+        with CondorPool(cfg, name="t-tls-ca", pool_dir=default_pool_dir()) as pool:
+            assert c.runtime is not None
+            c.runtime.wait_for_workers(1, 90)
+            assert (pool.scratch_dir / CA_NAME).read_bytes() == certs.ca.read_bytes()
+
+
+def _pool_workers(pgid: int | None) -> list[int]:
+    """The vine_worker processes of a local pool (its factory's process group)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+            if Path(argv0.decode()).name == "vine_worker":
+                found.append(int(entry.name))
+    return found
+
+
+@taskvine
+def test_the_status_client_checks_the_manager_as_workers_do(certs: Certs,
+                                                            tmp_path: Path) -> None:
+    right = ManagerTrust(fingerprint=openssl_fingerprint(certs.cert))
+    wrong = ManagerTrust(fingerprint=certificate_fingerprint(certs.impostor_cert))
+    other_ca = ManagerTrust(ca_file=certs.impostor_cert)  # a CA that did not sign it
+    with tls_manager(tmp_path, certs.key, certs.cert) as c:
+        def ask(trust: ManagerTrust) -> int:
+            return connected_workers("127.0.0.1", c.port, password_file=c.password_file,
+                                     trust=trust, timeout_s=5)
+
+        assert pumped(c, lambda: ask(ManagerTrust(ca_file=certs.ca))) == 0
+        assert pumped(c, lambda: ask(right)) == 0
+        with pytest.raises(ManagerQueryError, match="not the pinned"):
+            pumped(c, lambda: ask(wrong))
+        with pytest.raises(ManagerQueryError, match="does not verify against"):
+            pumped(c, lambda: ask(other_ca))
+
+
+# --- the status client against an impostor: nothing is sent -----------------------------------
+@contextlib.contextmanager
+def impostor(certs: Certs) -> Iterator[tuple[int, list[bytes]]]:
+    """A TLS server with the impostor's certificate; what its one client sent."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs.impostor_cert, certs.impostor_key)
+    server = socket.create_server(("127.0.0.1", 0))
+    heard: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.settimeout(5)
+        with contextlib.suppress(OSError), ctx.wrap_socket(conn, server_side=True) as tls:
+            heard.append(tls.recv(4096))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], heard
+    finally:
+        thread.join(10)
+        server.close()
+
+
+def test_the_status_client_tells_an_impostor_nothing(certs: Certs, tmp_path: Path) -> None:
+    password = tmp_path / "pw"
+    password.write_text("s3cret")
+    pin = ManagerTrust(fingerprint=certificate_fingerprint(certs.cert))
+    with impostor(certs) as (port, heard), pytest.raises(ManagerQueryError,
+                                                         match="not the pinned"):
+        connected_workers("127.0.0.1", port, password_file=password, trust=pin, timeout_s=3)
+    assert heard in ([], [b""]), f"the impostor heard {heard}"
+    # without a check (plain ssl), the same client talks to it: its password exchange starts
+    with impostor(certs) as (port, heard), pytest.raises(ManagerQueryError):
+        connected_workers("127.0.0.1", port, password_file=password, ssl=True, timeout_s=2)
+    assert heard and heard[0].startswith(AUTH_IDENT), "without a check it spoke to the impostor"
+
+
+# --- pure: options, settings, refusals --------------------------------------------------------
+def test_the_fingerprint_is_the_one_openssl_prints(certs: Certs) -> None:
+    ours = certificate_fingerprint(certs.cert)
+    assert ours == openssl_fingerprint(certs.cert).replace(":", "").lower()
+    assert ManagerTrust(fingerprint=openssl_fingerprint(certs.cert)).fingerprint == ours
+    assert ManagerTrust.pinned_to(certs.cert) == ManagerTrust(fingerprint=ours)
+    with pytest.raises(ConfigError, match=re.escape(str(certs.key))):
+        certificate_fingerprint(certs.key)  # a key, no certificate
+    with pytest.raises(ConfigError, match=r"missing\.pem"):
+        certificate_fingerprint(certs.ca.parent / "missing.pem")
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "ab" * 31, "ab" * 33, "zz" * 32, "ab" * 31 + "a-"])
+def test_bad_fingerprints_are_refused_naming_the_setting(bad: str) -> None:
+    with pytest.raises(ConfigError, match=f"ssl_fingerprint={re.escape(repr(bad))}"):
+        ManagerTrust(fingerprint=bad)
+    with pytest.raises(ConfigError, match=r"FactoryConfig\.ssl_fingerprint"):
+        FactoryConfig("h", 1, ssl_fingerprint=bad)
+
+
+def test_ca_files_that_are_missing_or_hold_no_certificate_are_refused(
+        certs: Certs, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.pem"
+    with pytest.raises(ConfigError, match=f"ssl_ca='{missing}': no such file"):
+        ManagerTrust(ca_file=missing)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="holds no PEM CA certificate"):
+        ManagerTrust(ca_file=junk)
+    with pytest.raises(ConfigError, match="ssl_ca or ssl_fingerprint"):
+        ManagerTrust()
+    both = ManagerTrust(certs.ca, "AB" * 32)
+    assert both.worker_options() == (f"--ssl-ca={certs.ca}", f"--ssl-fingerprint={'ab' * 32}")
+
+
+def test_worker_command_carries_the_checks(certs: Certs, tmp_path: Path) -> None:
+    trust = ManagerTrust(certs.ca, "ab" * 32)
+    cmd = worker_command(LocalWorkersConfig(workers=1), 9123, tmp_path, password_file=None,
+                         ssl=False, trust=trust, binary="vine_worker")
+    assert "--ssl" in cmd  # implied
+    assert f"--ssl-ca={certs.ca}" in cmd and f"--ssl-fingerprint={'ab' * 32}" in cmd
+    plain = worker_command(LocalWorkersConfig(workers=1), 9123, tmp_path, password_file=None,
+                           ssl=True, binary="vine_worker")
+    assert not [a for a in plain if a.startswith(("--ssl-ca", "--ssl-fingerprint"))]
+
+
+def test_factory_config_passes_the_checks_to_workers(certs: Certs, tmp_path: Path) -> None:
+    cfg = FactoryConfig("mgr.example", 9123, ssl_ca=certs.ca, ssl_fingerprint="AB:" * 31 + "AB",
+                        transfer_address="127.0.0.1")
+    assert cfg.ssl and cfg.ssl_fingerprint == "ab" * 32  # implied; one form
+    wrapper = write_ca_wrapper(tmp_path / "scratch")
+    cmd = factory_command(cfg, ca_wrapper=wrapper)
+    assert "--ssl" in cmd
+    extra = cmd[cmd.index("--extra-options") + 1]
+    assert extra == (f"--transfer-address 127.0.0.1 --ssl-ca={certs.ca.name} "
+                     f"--ssl-fingerprint={'ab' * 32}")
+    shipped = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--wrapper-input"]
+    assert shipped == [str(wrapper), str(certs.ca)]  # with each job
+    assert cmd[cmd.index("--wrapper") + 1] == "./datavine_ca.sh"
+    with pytest.raises(ConfigError, match="CA wrapper"):
+        factory_command(cfg)
+    assert config_from_dict(config_to_dict(cfg)) == cfg  # a pool's state file
+    only_pin = factory_command(FactoryConfig("m", 1, ssl_fingerprint="cd" * 32))
+    assert "--ssl" in only_pin and "--wrapper-input" not in only_pin
+    assert FactoryConfig("m", 1).worker_options is None
+    with pytest.raises(ConfigError, match=r"FactoryConfig\.ssl_ca"):
+        FactoryConfig("m", 1, ssl_ca=tmp_path / "a ca.pem")  # its name goes into a shell line
+    # a pool stages the CA in its scratch folder under one name, readable by the factory
+    staged = stage_ca(cfg, tmp_path / "scratch")
+    assert staged.ssl_ca == tmp_path / "scratch" / "trust" / CA_NAME
+    assert staged.ssl_ca.read_bytes() == certs.ca.read_bytes()
+    assert staged.ssl_ca.stat().st_mode & 0o777 == 0o644
+    assert f"--ssl-ca={CA_NAME}" in (staged.worker_options or "")
+
+
+def test_the_ca_wrapper_names_the_shipped_file_by_its_full_path(tmp_path: Path) -> None:
+    """vine_worker opens --ssl-ca from its workspace: the job's relative name would miss."""
+    wrapper = write_ca_wrapper(tmp_path / "scratch")
+    job = tmp_path / "job dir"
+    job.mkdir()
+    out = subprocess.run([str(wrapper), "printf", "%s\\n", "--ssl-ca=manager-ca.pem",
+                          "--ssl-ca=/etc/ca.pem", "two words", "--other"], cwd=job,
+                         check=True, capture_output=True, text=True).stdout
+    assert out.splitlines() == [f"--ssl-ca={job}/manager-ca.pem", "--ssl-ca=/etc/ca.pem",
+                                "two words", "--other"]
+
+
+def test_a_pool_refuses_a_missing_ca_file_before_it_starts(tmp_path: Path) -> None:
+    cfg = FactoryConfig("127.0.0.1", 9123, batch="local", ssl_ca=tmp_path / "gone.pem")
+    pool = LocalFactoryPool(cfg, name="t-no-ca", pool_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"pool 't-no-ca''s ssl_ca=.*gone\.pem.*no such file"):
+        pool.start()
+    assert not pool.running
+
+
+def facility(tmp_path: Path, certs: Certs, manager_extra: str = "") -> Path:
+    path = tmp_path / "site.toml"
+    path.write_text(f"""
+[manager]
+host = "127.0.0.1"
+ssl_key = "{certs.key}"
+ssl_cert = "{certs.cert}"
+{manager_extra}
+[[pools]]
+name = "p"
+batch = "local"
+""")
+    return path
+
+
+def test_a_facility_with_tls_pins_its_pools_by_default(certs: Certs, tmp_path: Path) -> None:
+    f = load_facility(facility(tmp_path, certs))
+    trust = f.worker_trust()
+    assert trust == ManagerTrust(fingerprint=certificate_fingerprint(certs.cert))
+    cfg = f.pools[0].factory_config("127.0.0.1", 9123, ssl=True, trust=trust)
+    assert cfg.ssl_fingerprint == trust.fingerprint and cfg.ssl_ca is None
+    # named: the CA, the pin, or both
+    f = load_facility(facility(tmp_path, certs, f'ssl_ca = "{certs.ca}"'))
+    assert f.worker_trust() == ManagerTrust(ca_file=certs.ca)
+    fp = openssl_fingerprint(certs.cert)
+    f = load_facility(facility(tmp_path, certs, f'ssl_fingerprint = "{fp}"'))
+    assert f.ssl_fingerprint == certificate_fingerprint(certs.cert)
+    # without TLS, nothing to check
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[manager]\nhost = \"127.0.0.1\"\n")
+    assert load_facility(plain).worker_trust() is None
+
+
+@pytest.mark.parametrize(("extra", "key", "problem"), [
+    ('ssl_fingerprint = "12:34"', "manager.ssl_fingerprint", "not a SHA-256"),
+    ('ssl_ca = "no-such-ca.pem"', "manager.ssl_ca", "no such file"),
+])
+def test_a_facility_refuses_bad_checks_naming_the_key(certs: Certs, tmp_path: Path, extra: str,
+                                                      key: str, problem: str) -> None:
+    with pytest.raises(FacilityError, match=rf"{re.escape(key)}: .*{problem}"):
+        load_facility(facility(tmp_path, certs, extra))
+
+
+def test_a_facility_refuses_checks_without_tls(certs: Certs, tmp_path: Path) -> None:
+    path = tmp_path / "site.toml"
+    path.write_text(f'[manager]\nssl_ca = "{certs.ca}"\n')
+    with pytest.raises(FacilityError, match=r"manager\.ssl_ca: .*TLS on"):
+        load_facility(path)
+    path.write_text(f'[manager]\nssl_cert = "{certs.key}"\nssl_key = "{certs.key}"\n'
+                    '[[pools]]\nname = "p"\n')  # a certificate that holds none: no pin
+    with pytest.raises(FacilityError, match=r"manager\.ssl_cert: .*holds no PEM certificate"):
+        load_facility(path)
+
+
+class RecordingPool(WorkerPool):
+    """Stands in for a backend in ``pool start``: keeps the config it was given."""
+
+    started: list[FactoryConfig] = []
+
+    def __init__(self, config: FactoryConfig, *, name: str, pool_dir: Path) -> None:
+        self.config, self.name, self.pid = config, name, 4242
+        self.log_path = pool_dir / "factory.log"
+
+    def start(self, *, detach: bool = False) -> RecordingPool:
+        RecordingPool.started.append(self.config)
+        return self
+
+    def status(self) -> PoolStatus:
+        return PoolStatus(self.name, "local", self.config.manager, True, 0, None)
+
+
+@pytest.fixture
+def recording(monkeypatch: pytest.MonkeyPatch) -> list[FactoryConfig]:
+    RecordingPool.started = []
+    monkeypatch.setattr(pool_cli, "pool_class", lambda batch: RecordingPool)
+    return RecordingPool.started
+
+
+def pool_start(tmp_path: Path, *extra: str) -> int:
+    return pool_cli.main(["pool", "start", "--batch", "local", "--workers", "1", "--rack", "A",
+                          "--manager", "127.0.0.1:9123", "--pool-dir", str(tmp_path), *extra])
+
+
+def test_pool_start_takes_the_checks(certs: Certs, tmp_path: Path,
+                                     recording: list[FactoryConfig],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    fp = openssl_fingerprint(certs.cert)
+    assert pool_start(tmp_path, "--ssl-ca", str(certs.ca), "--ssl-fingerprint", fp) == 0
+    cfg = recording[-1]
+    assert cfg.ssl and cfg.ssl_ca == certs.ca.resolve()
+    assert cfg.ssl_fingerprint == certificate_fingerprint(certs.cert)
+    assert "do not check" not in capsys.readouterr().err
+    # --ssl alone: encrypted, no check, and it says so
+    assert pool_start(tmp_path, "--ssl") == 0
+    assert recording[-1].ssl_ca is None and recording[-1].ssl_fingerprint is None
+    assert "do not check the manager's certificate" in capsys.readouterr().err
+    # --facility: its manager's checks (here the default pin to its certificate)
+    assert pool_start(tmp_path, "--facility", str(facility(tmp_path, certs)), "--name", "p") == 0
+    assert recording[-1].ssl_fingerprint == certificate_fingerprint(certs.cert)
+
+
+@pytest.mark.parametrize(("option", "value", "problem"), [
+    ("--ssl-fingerprint", "12:34", "not a SHA-256"),
+    ("--ssl-ca", "/no/such/ca.pem", "no such file"),
+])
+def test_pool_start_refuses_bad_checks_naming_the_option(
+        tmp_path: Path, recording: list[FactoryConfig], capsys: pytest.CaptureFixture[str],
+        option: str, value: str, problem: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        pool_start(tmp_path, option, value)
+    assert exc.value.code == 2 and not recording
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and problem in err
