@@ -5,9 +5,7 @@ manager. No HTCondor and no TaskVine process is needed.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 import socket
 import threading
 from pathlib import Path
@@ -39,6 +37,7 @@ from datavine.deploy.pools.state import (
     remove_state,
     write_state,
 )
+from datavine.deploy.vine_auth import AUTH_IDENT, challenge, proof
 
 
 def option(cmd: list[str], name: str) -> list[str]:
@@ -259,7 +258,7 @@ def test_wait_for_workers_times_out_with_the_count(tmp_path: Path) -> None:
 
 # -- the manager status protocol, against a fake manager --------------------------------------
 def fake_manager(password: bytes, answer: list[dict]) -> tuple[int, threading.Thread]:
-    """A one-connection server speaking cctools' link_auth password protocol."""
+    """A one-connection server speaking the project's TaskVine password exchange (0012)."""
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
 
@@ -270,15 +269,16 @@ def fake_manager(password: bytes, answer: list[dict]) -> tuple[int, threading.Th
                 f.write(line + b"\n")
                 f.flush()
 
-            send(b"auth password sha1")
-            assert f.readline().strip() == b"auth password sha1"
-            mine = secrets.token_hex(8).encode()
+            send(AUTH_IDENT)
+            assert f.readline().strip() == AUTH_IDENT
+            mine = challenge()
             send(mine)
             theirs = f.readline().strip()
-            send(hashlib.sha1(password + b" " + theirs).hexdigest().encode())
-            ok = f.readline().strip() == hashlib.sha1(password + b" " + mine).hexdigest().encode()
-            send(b"ok" if ok else b"failure")
-            if f.readline().strip() != b"ok" or not ok:
+            if f.readline().strip() != proof(password, "worker", mine, theirs):
+                send(b"failure")
+                return
+            send(proof(password, "manager", mine, theirs))
+            if f.readline().strip() != b"ok":
                 return
             if f.readline().strip() == b"manager_status":
                 send(json.dumps(answer).encode())
