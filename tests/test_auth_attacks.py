@@ -86,25 +86,19 @@ def stop(proc: subprocess.Popen) -> str:
 
 # --- the manager's port ---------------------------------------------------------------
 
-def test_the_manager_refuses_a_reflected_challenge(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("attempt", "why"), [
+    (attack.reflect_to_server, "the manager accepted its own challenge's answer"),
+    (attack.relay_to_server, "the manager answered one connection's challenge on another"),
+], ids=["reflection", "relay"])
+def test_the_manager_refuses_an_outsider(tmp_path: Path,
+                                         attempt: Callable[..., bool], why: str) -> None:
     held: list[attack.Lines] = []
     with manager(tmp_path) as rt:
-        got_in = pumped(rt, lambda: attack.reflect_to_server(rt.port, hold=held))
+        got_in = pumped(rt, lambda: attempt(rt.port, hold=held))
         workers = serve(rt, 1.5)
         for lines in held:
             lines.close()
-    assert not got_in, "the manager accepted its own challenge's answer"
-    assert workers == 0
-
-
-def test_the_manager_refuses_a_relay_across_two_connections(tmp_path: Path) -> None:
-    held: list[attack.Lines] = []
-    with manager(tmp_path) as rt:
-        got_in = pumped(rt, lambda: attack.relay_to_server(rt.port, hold=held))
-        workers = serve(rt, 1.5)
-        for lines in held:
-            lines.close()
-    assert not got_in, "the manager answered one connection's challenge on another"
+    assert not got_in, why
     assert workers == 0
 
 

@@ -45,7 +45,7 @@ from datavine.deploy.facility import FacilityCluster, FacilityError, load_facili
 from datavine.deploy.local_workers import worker_command, worker_environment
 from datavine.deploy.pools import cli as pool_cli
 from datavine.deploy.pools.base import PoolStatus, WorkerPool
-from datavine.deploy.pools.ca_file import CA_NAME, stage_ca, write_ca_wrapper
+from datavine.deploy.pools.ca_file import CA_NAME, stage_ca
 from datavine.deploy.pools.condor import CondorPool
 from datavine.deploy.pools.factory import (
     FactoryConfig,
@@ -255,8 +255,8 @@ def test_a_local_cluster_with_tls_pins_its_workers_and_runs_a_graph(
 
 @taskvine
 def test_a_local_pool_ships_the_ca_to_its_workers(certs: Certs, tmp_path: Path) -> None:
-    """Through a real vine_factory: the CA file travels with the job, the worker names it
-    in its folder, checks the manager with it and connects."""
+    """Through a real vine_factory: the CA file travels with the job, named there by its
+    name alone; the worker finds it (patch 0014), checks the manager with it and connects."""
     with tls_manager(tmp_path, certs.key, certs.cert) as c:
         cfg = FactoryConfig("127.0.0.1", c.port, batch="local", workers=1, min_workers=1,
                             password_file=c.password_file, ssl_ca=certs.ca,
@@ -267,8 +267,8 @@ def test_a_local_pool_ships_the_ca_to_its_workers(certs: Certs, tmp_path: Path) 
             (pid,) = _pool_workers(pool.pid)
             args = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
             (ca,) = [a.removeprefix("--ssl-ca=") for a in args if a.startswith("--ssl-ca=")]
+            assert ca == CA_NAME  # relative to the job's folder, where the worker starts
             shipped = pool.scratch_dir / CA_NAME  # vine_factory's copy, in the job's folder
-            assert Path(ca).resolve() == shipped.resolve()  # by its full path (the wrapper)
             assert shipped.read_bytes() == certs.ca.read_bytes()
 
 
@@ -426,17 +426,14 @@ def test_factory_config_passes_the_checks_to_workers(certs: Certs, tmp_path: Pat
     cfg = FactoryConfig("mgr.example", 9123, ssl_ca=certs.ca, ssl_fingerprint="AB:" * 31 + "AB",
                         transfer_address="127.0.0.1")
     assert cfg.ssl and cfg.ssl_fingerprint == "ab" * 32  # implied; one form
-    wrapper = write_ca_wrapper(tmp_path / "scratch")
-    cmd = factory_command(cfg, ca_wrapper=wrapper)
+    cmd = factory_command(cfg)
     assert "--ssl" in cmd
     extra = cmd[cmd.index("--extra-options") + 1]
     assert extra == (f"--transfer-address 127.0.0.1 --ssl-ca={certs.ca.name} "
                      f"--ssl-fingerprint={'ab' * 32}")
     shipped = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--wrapper-input"]
-    assert shipped == [str(wrapper), str(certs.ca)]  # with each job
-    assert cmd[cmd.index("--wrapper") + 1] == "./datavine_ca.sh"
-    with pytest.raises(ConfigError, match="CA wrapper"):
-        factory_command(cfg)
+    assert shipped == [str(certs.ca)]  # with each job, named there by its name alone
+    assert "--wrapper" not in cmd
     assert config_from_dict(config_to_dict(cfg)) == cfg  # a pool's state file
     only_pin = factory_command(FactoryConfig("m", 1, ssl_fingerprint="cd" * 32))
     assert "--ssl" in only_pin and "--wrapper-input" not in only_pin
@@ -451,16 +448,20 @@ def test_factory_config_passes_the_checks_to_workers(certs: Certs, tmp_path: Pat
     assert f"--ssl-ca={CA_NAME}" in (staged.worker_options or "")
 
 
-def test_the_ca_wrapper_names_the_shipped_file_by_its_full_path(tmp_path: Path) -> None:
-    """vine_worker opens --ssl-ca from its workspace: the job's relative name would miss."""
-    wrapper = write_ca_wrapper(tmp_path / "scratch")
-    job = tmp_path / "job dir"
+def test_a_worker_reads_a_relative_ca_file_from_where_it_started(certs: Certs,
+                                                                  tmp_path: Path) -> None:
+    """vine_worker moves into its workspace before it connects: the job's relative name
+    (how a pool ships the CA) must still be found (patch 0014 makes it absolute)."""
+    job = tmp_path / "job"
     job.mkdir()
-    out = subprocess.run([str(wrapper), "printf", "%s\\n", "--ssl-ca=manager-ca.pem",
-                          "--ssl-ca=/etc/ca.pem", "two words", "--other"], cwd=job,
-                         check=True, capture_output=True, text=True).stdout
-    assert out.splitlines() == [f"--ssl-ca={job}/manager-ca.pem", "--ssl-ca=/etc/ca.pem",
-                                "two words", "--other"]
+    shutil.copyfile(certs.ca, job / CA_NAME)
+    out = subprocess.run([str(vine_binary("vine_worker")), f"--ssl-ca={CA_NAME}", "--help"],
+                         cwd=job, capture_output=True, text=True, timeout=30)
+    assert "ssl-ca" in out.stdout + out.stderr
+    missing = subprocess.run([str(vine_binary("vine_worker")), "--ssl-ca=nowhere.pem",
+                              "127.0.0.1", "1"], cwd=job, capture_output=True, text=True,
+                             timeout=30)
+    assert missing.returncode != 0 and "nowhere.pem" in missing.stderr
 
 
 def test_a_pool_refuses_a_missing_ca_file_before_it_starts(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ Workers that check the manager's certificate (``ssl_ca``, ``ssl_fingerprint``,
 :mod:`datavine.deploy.tls`) get ``--ssl-ca``/``--ssl-fingerprint`` through vine_factory's
 ``--extra-options``; the CA file travels with every job as a wrapper input (vine_factory
 copies it into its scratch folder and ships it, as it does the password file), named in
-the job's folder (:mod:`~datavine.deploy.pools.ca_file`).
+the job's folder (:mod:`~datavine.deploy.pools.ca_file`; the worker makes it absolute).
 """
 
 from __future__ import annotations
@@ -215,8 +215,7 @@ def factory_config_text(cfg: FactoryConfig) -> str:
 
 def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
                     config_file: Path | None = None, debug_file: Path | None = None,
-                    parent_death: bool = False, wrapper: Path | None = None,
-                    ca_wrapper: Path | None = None) -> list[str]:
+                    parent_death: bool = False, wrapper: Path | None = None) -> list[str]:
     """The ``vine_factory`` command line for ``cfg`` (pure).
 
     ``config_file``: a JSON file with :func:`factory_json`'s content, re-read each period.
@@ -224,12 +223,8 @@ def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
     ``parent_death``: the factory exits, removing its workers, when its parent dies.
     ``wrapper``: the script that names each worker (``cfg.named``); vine_factory copies it
     into its scratch folder and ships it with every job.
-    ``ca_wrapper``: with ``cfg.ssl_ca``, the script that names the shipped CA file by its
-    full path in the job's folder (:mod:`~datavine.deploy.pools.ca_file`); required then.
+    ``cfg.ssl_ca``: shipped with every job too, and named there by its name alone.
     """
-    if cfg.ssl_ca is not None and ca_wrapper is None:
-        raise ConfigError("FactoryConfig.ssl_ca needs the CA wrapper (ca_wrapper=): "
-                          "vine_worker opens the file from its workspace")
     cmd = [binary, "-T", cfg.batch, "--catalog", cfg.catalog,
            "--min-workers", str(cfg.min_workers), "--max-workers", str(cfg.workers),
            "--timeout", str(cfg.idle_timeout_s), "--factory-period", str(cfg.factory_period_s),
@@ -257,9 +252,8 @@ def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
         cmd.append("--debug-workers")
     if cfg.named and wrapper is not None:
         cmd += ["--wrapper", f"./{wrapper.name}", "--wrapper-input", str(wrapper)]
-    if cfg.ssl_ca is not None and ca_wrapper is not None:  # shipped with every job
-        cmd += ["--wrapper", f"./{ca_wrapper.name}", "--wrapper-input", str(ca_wrapper),
-                "--wrapper-input", str(cfg.ssl_ca)]
+    if cfg.ssl_ca is not None:  # shipped with every job
+        cmd += ["--wrapper-input", str(cfg.ssl_ca)]
     if config_file is not None:
         cmd += ["--config-file", str(config_file)]
     if debug_file is not None:

@@ -31,7 +31,7 @@ from typing import ClassVar, Self
 
 from datavine.deploy.binaries import cctools_prefix, vine_binary
 from datavine.deploy.pools.base import PoolError, PoolStatus, WorkerPool
-from datavine.deploy.pools.ca_file import stage_ca, write_ca_wrapper
+from datavine.deploy.pools.ca_file import stage_ca
 from datavine.deploy.pools.factory import (
     Batch,
     FactoryConfig,
@@ -194,10 +194,9 @@ class FactoryPool(WorkerPool):
         config_file.write_text(factory_config_text(run_cfg))
         # vine_factory copies wrapper inputs into its scratch folder: keep the source apart
         wrapper = write_wrapper(scratch / "identity") if run_cfg.named else None
-        ca_wrapper = write_ca_wrapper(scratch) if run_cfg.ssl_ca is not None else None
         cmd = factory_command(run_cfg, binary=str(vine_binary("vine_factory")),
                               config_file=config_file, debug_file=scratch / "factory.debug",
-                              parent_death=not detach, wrapper=wrapper, ca_wrapper=ca_wrapper)
+                              parent_death=not detach, wrapper=wrapper)
         env = worker_environment()
         if run_cfg.rack:  # the workers' libraries report their rack with each result
             env[ENV_RACK] = run_cfg.rack
