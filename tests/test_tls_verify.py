@@ -273,6 +273,26 @@ def test_a_local_pool_ships_the_ca_to_its_workers(certs: Certs, tmp_path: Path) 
 
 
 @taskvine
+def test_a_factory_checks_the_manager_on_its_own_connection(certs: Certs,
+                                                            tmp_path: Path) -> None:
+    """vine_factory asks the manager how many workers it needs, with its password proof:
+    pinned to another certificate, it refuses this manager (and so do its workers)."""
+    with tls_manager(tmp_path, certs.key, certs.cert) as c:
+        cfg = FactoryConfig("127.0.0.1", c.port, batch="local", workers=1, min_workers=1,
+                            password_file=c.password_file,
+                            ssl_fingerprint=certificate_fingerprint(certs.impostor_cert),
+                            idle_timeout_s=60, factory_period_s=1)
+        with LocalFactoryPool(cfg, name="t-pin", pool_dir=tmp_path / "pools") as pool:
+            assert c.runtime is not None
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                c.runtime.manager.wait(1)
+            assert c.runtime.connected_workers() == 0
+            said = pool.log_path.read_text(errors="replace")
+    assert "certificate did not verify" in said, said[-2000:]
+
+
+@taskvine
 def test_a_facility_with_tls_runs_on_pool_workers_pinned_to_its_manager(
         certs: Certs, tmp_path: Path) -> None:
     """``datavine run --facility``'s cluster: TLS named, nothing else; its pool's workers
@@ -434,9 +454,12 @@ def test_factory_config_passes_the_checks_to_workers(certs: Certs, tmp_path: Pat
     shipped = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--wrapper-input"]
     assert shipped == [str(certs.ca)]  # with each job, named there by its name alone
     assert "--wrapper" not in cmd
+    # the factory's own status connection checks the manager too
+    assert f"--ssl-ca={certs.ca}" in cmd and f"--ssl-fingerprint={'ab' * 32}" in cmd
     assert config_from_dict(config_to_dict(cfg)) == cfg  # a pool's state file
     only_pin = factory_command(FactoryConfig("m", 1, ssl_fingerprint="cd" * 32))
     assert "--ssl" in only_pin and "--wrapper-input" not in only_pin
+    assert f"--ssl-fingerprint={'cd' * 32}" in only_pin
     assert FactoryConfig("m", 1).worker_options is None
     with pytest.raises(ConfigError, match=r"FactoryConfig\.ssl_ca"):
         FactoryConfig("m", 1, ssl_ca=tmp_path / "a ca.pem")  # its name goes into a shell line

@@ -91,7 +91,8 @@ def check_ca_file(path: Path, setting: str = "ssl_ca") -> Path:
 
 
 def trust_options(ca_file: str | None, fingerprint: str | None) -> tuple[str, ...]:
-    """``vine_worker``'s options for these checks (pure; values already checked):
+    """``vine_worker``'s options for these checks, ``vine_factory``'s too (pure; values
+    already checked):
     ``--ssl-ca=<file>``, ``--ssl-fingerprint=<hex>``."""
     options = []
     if ca_file is not None:

@@ -241,6 +241,9 @@ def factory_command(cfg: FactoryConfig, *, binary: str = "vine_factory",
         cmd += ["--password", str(cfg.password_file)]
     if cfg.ssl:
         cmd.append("--ssl")
+    # the factory's own status connection checks the manager as its workers do (patch 0014)
+    cmd += trust_options(str(cfg.ssl_ca) if cfg.ssl_ca is not None else None,
+                         cfg.ssl_fingerprint)
     if cfg.scratch_dir is not None:
         cmd += ["--scratch-dir", str(cfg.scratch_dir)]
     if cfg.extra_condor_submit:
