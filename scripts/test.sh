@@ -16,7 +16,7 @@
 #    coffea's dask path through the XCache shards).
 # All three always happen; the exit code is non-zero if any failed.
 # Each pytest run is bounded (a hung test must not hold CI for hours): after
-# DATAVINE_TEST_TIMEOUT seconds (default 1200 for .venv, 600 for .venv-legacy) it gets
+# DATAVINE_TEST_TIMEOUT seconds (default 1500 for .venv, 600 for .venv-legacy) it gets
 # SIGINT, so pytest prints where it was and tears its fixtures down; SIGKILL 60 s later.
 # DATAVINE_TEST_SETUP=0 skips step 1 (an environment set up already).
 set -uo pipefail
@@ -67,7 +67,7 @@ run_mypy() {  # run_mypy VENV
 }
 
 run_mypy .venv; rc_mypy=$?
-run_pytest .venv "${DATAVINE_TEST_TIMEOUT:-1200}" "$@"; rc_main=$?
+run_pytest .venv "${DATAVINE_TEST_TIMEOUT:-1500}" "$@"; rc_main=$?
 run_pytest .venv-legacy "${DATAVINE_TEST_TIMEOUT:-600}" "${LEGACY_TESTS[@]}" "$@"
 rc_legacy=$?
 
