@@ -65,16 +65,23 @@ def test_a_value_made_again_is_delivered_again_and_counted_once() -> None:
     assert "2 tasks made again" in summary.lines()[0]
 
 
-def test_the_progress_bar_advances_once_per_task() -> None:
+def losing_a_worker_at_call(call: int) -> tuple[RunConfig, FakeRuntime]:
+    """A fake runtime of 2 workers that loses the first at call ``call`` (one task a
+    bundle): the values it kept are made again."""
     rt: FakeRuntime
 
-    def lose_one_worker_at_call_10(n: int, spec: dict[str, Any]) -> Any:
-        if n == 10:
+    def lose_one_worker(n: int, spec: dict[str, Any]) -> Any:
+        if n == call:
             rt.lose_worker(rt.workers[0])
         return None
 
     cfg = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, wait_s=1)
-    rt = FakeRuntime(cfg, workers=2, script=lose_one_worker_at_call_10)
+    rt = FakeRuntime(cfg, workers=2, script=lose_one_worker)
+    return cfg, rt
+
+
+def test_the_progress_bar_advances_once_per_task() -> None:
+    cfg, rt = losing_a_worker_at_call(10)
     dsk, final = tree(16, 2)
     run = GraphRun(rt, graphs.build(dsk, [final]), cfg)  # type: ignore[arg-type]
     advanced: list[int] = []
@@ -174,15 +181,7 @@ def test_the_view_counts_a_bundle_made_again_once() -> None:
 
 
 def test_the_sink_says_which_tasks_were_made_again(tmp_path: Path) -> None:
-    rt: FakeRuntime
-
-    def lose_one_worker_at_call_10(n: int, spec: dict[str, Any]) -> Any:
-        if n == 10:
-            rt.lose_worker(rt.workers[0])
-        return None
-
-    cfg = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, wait_s=1)
-    rt = FakeRuntime(cfg, workers=2, script=lose_one_worker_at_call_10)
+    cfg, rt = losing_a_worker_at_call(10)
     dsk, final = tree(16, 2)
     path = tmp_path / "events.jsonl"
     sink = ev.EventSink(path)
