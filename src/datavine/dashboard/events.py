@@ -18,8 +18,8 @@ fields are the ``*_record`` functions below (their shapes: :mod:`datavine.dashbo
 and :mod:`datavine.dashboard.model` folds them.
 A bundle made again (its kept value was lost with a worker) is sent and done again: its
 ``done`` record says how many of its tasks (``again``) and events (``again_ev``) came back
-before in the run, so that the view counts each once (:mod:`datavine.scheduler.once`).
-Standard library (and :mod:`datavine.io.shards`, :mod:`datavine.scheduler.once`,
+before in the run (the run's state says which: ``Deliver.again``), so that the view counts
+each once. Standard library (and :mod:`datavine.io.shards`,
 :mod:`datavine.dashboard.records`: types only) only: the manager imports it in every run.
 """
 
@@ -47,7 +47,6 @@ from datavine.dashboard.records import (
 )
 from datavine.io.shards import logical_name
 from datavine.io.tail import LineTail
-from datavine.scheduler.once import FirstSeen
 
 if TYPE_CHECKING:
     from datavine.io.shards import ShardMap
@@ -76,8 +75,10 @@ class NullSink:
     def sent(self, ins: Submit, entry: Inflight | None) -> None:
         """A bundle went out as call ``ins.call`` (``entry``: the state's record of it)."""
 
-    def done(self, call: int, finished: Finished) -> None:
-        """Call ``call`` came back (its status dict, or why there is none)."""
+    def done(self, call: int, finished: Finished,
+             again: frozenset[Hashable] = frozenset()) -> None:
+        """Call ``call`` came back (its status dict, or why there is none); ``again``: its
+        tasks that the run delivered before (made again after a lost worker)."""
 
     def pool(self, sample: PoolSample, workers: Iterable[KnownWorker]) -> None:
         """A look at the pool, with the workers the run knows of."""
@@ -118,8 +119,7 @@ class EventSink(NullSink):
         self._flushed = clock()
         self._runs = 0
         self._weights: dict[Hashable, int] = {}
-        self._tasks: dict[int, list[Hashable]] = {}  # call in flight -> its tasks
-        self._delivered: FirstSeen[Hashable] = FirstSeen()  # the run's tasks done, once each
+        self._tasks: dict[int, int] = {}  # call in flight -> its tasks
         self._pool_rows: list[PoolWorker] | None = None  # the workers of the last pool record
         self.here = socket.gethostname()  # what a shard on loopback stands for
         self.emit({"k": "hello", "pid": os.getpid(), "version": VERSION}, flush=True)
@@ -129,29 +129,25 @@ class EventSink(NullSink):
                     shardmap: ShardMap | None) -> None:
         self._runs += 1
         self._tasks.clear()
-        self._delivered = FirstSeen()
         self._pool_rows = None  # each run's first pool record names every worker
         self.emit(run_record(self._runs, len(graph), file_tasks(graph.nodes, files_of),
                              shard_places(shardmap, self.here)), flush=True)
 
     def sent(self, ins: Submit, entry: Inflight | None) -> None:
         keys = ins.keys
-        self._tasks[ins.call] = list(keys)
+        self._tasks[ins.call] = len(keys)
         events = sum(self._weights.get(k, 0) for k in keys) if self._weights else 0
         files = entry.bundle.files if entry is not None else ()
         self.emit(sent_record(ins.call, len(keys), ins.cap_mb, ins.target.worker,
                               ins.target.rack, files, events))
 
-    def done(self, call: int, finished: Finished) -> None:
-        keys = self._tasks.pop(call, [])
-        record = done_record(call, len(keys), finished.result, finished.addrport,
-                             finished.failure)
-        if record["status"] == "ok":  # delivered: tasks done before are made again
-            fresh = set(self._delivered.first(keys))
-            again = [k for k in keys if k not in fresh]
-            if again:
-                record["again"] = len(again)
-                record["again_ev"] = sum(self._weights.get(k, 0) for k in again)
+    def done(self, call: int, finished: Finished,
+             again: frozenset[Hashable] = frozenset()) -> None:
+        record = done_record(call, self._tasks.pop(call, 0), finished.result,
+                             finished.addrport, finished.failure)
+        if again:
+            record["again"] = len(again)
+            record["again_ev"] = sum(self._weights.get(k, 0) for k in again)
         self.emit(record)
 
     def pool(self, sample: PoolSample, workers: Iterable[KnownWorker]) -> None:

@@ -96,9 +96,12 @@ class GraphRun:
                     call = self.calls.pop(done.id, None) if done is not None else None
                     if done is not None and call is not None:
                         del self.tasks[call]
-                        self.sink.done(call, done)
-                        self._apply(state.handle(CallDone.received(
-                            call, done.result, done.addrport, self.clock(), done.failure)))
+                        answer = state.handle(CallDone.received(
+                            call, done.result, done.addrport, self.clock(), done.failure))
+                        again = frozenset().union(*(i.again for i in answer
+                                                    if isinstance(i, Deliver)))
+                        self.sink.done(call, done, again)  # before what the answer sends
+                        self._apply(answer)
         except KeyboardInterrupt:
             self._salvage()
             raise

@@ -7,9 +7,9 @@ every count kept per delivery (tasks done, events processed, work items merged, 
 would grow past the graph. :class:`FirstSeen` is the one rule for such counts: they are
 keyed by the task's identity (its key) and a key counts the first time it is seen.
 
-Pure: no clock, no I/O; used by the run's state (``RunSummary.tasks``, the progress bar's
-advance), the coffea executor's progress (events processed and accumulated) and the live
-view's fold (tasks, events and files done).
+Pure: no clock, no I/O; used by the run's state (``RunSummary.tasks``, and ``Deliver.again``,
+which the progress bar and the live view's records take from it) and the coffea executor's
+progress (events processed and accumulated).
 """
 
 from __future__ import annotations
