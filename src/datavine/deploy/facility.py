@@ -48,7 +48,7 @@ from datavine.deploy.pools.factory_pool import FactoryPool, pool_class
 from datavine.deploy.pools.warm import WarmReport, warm_pools
 from datavine.deploy.tls import ManagerTrust, check_ca_file, check_fingerprint
 from datavine.io.shards import Shard, ShardMap
-from datavine.manager.cluster import Cluster
+from datavine.manager.cluster import Cluster, manager_pin
 from datavine.scheduler.memory import MemoryPolicy
 from datavine.scheduler.placement import PlacementPolicy
 from datavine.scheduler.racks import RackMap, url_host
@@ -276,11 +276,9 @@ class Facility:
             if self.ssl_ca is not None or self.ssl_fingerprint is not None:
                 key = "manager.ssl_ca"
                 return ManagerTrust(self.ssl_ca, self.ssl_fingerprint)
-            if self.manager.ssl_cert is not None:
-                return ManagerTrust.pinned_to(Path(self.manager.ssl_cert))
+            return manager_pin(self.manager)
         except ConfigError as exc:
             raise FacilityError(self.path, key, str(exc)) from exc
-        return None
 
 
 def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> Facility:

@@ -107,7 +107,7 @@ class ManagerTrust:
     """What a worker checks the manager's certificate against: a CA file (the chain and
     the host's name), a pinned SHA-256 fingerprint, or both (both must hold). At least one
     is given; ``fingerprint`` is kept in one form (lowercase hex, no colons), ``ca_file``
-    absolute (``vine_worker`` opens it after moving into its workspace)."""
+    absolute (it names the same file from any folder)."""
 
     ca_file: Path | None = None
     fingerprint: str | None = None

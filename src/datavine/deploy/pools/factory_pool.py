@@ -20,6 +20,7 @@ queries check the manager's certificate the same way as its workers do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -122,6 +123,13 @@ class FactoryPool(WorkerPool):
         self.pool_dir = Path(pool_dir) if pool_dir is not None else default_pool_dir()
         self.pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @functools.cached_property
+    def trust(self) -> ManagerTrust | None:
+        """What the pool's workers check the manager's certificate against, as a trust for
+        datavine's own status queries (built once: its CA file is read here); None when
+        they check nothing."""
+        return manager_trust(self.config)
 
     # -- backend hooks -------------------------------------------------------------------
     def _prepare(self, scratch: Path) -> FactoryConfig:
@@ -248,7 +256,7 @@ class FactoryPool(WorkerPool):
         try:
             connected: int | None = connected_workers(
                 cfg.manager_host, cfg.manager_port, password_file=cfg.password_file,
-                ssl=cfg.ssl, trust=manager_trust(cfg), timeout_s=3.0)
+                ssl=cfg.ssl, trust=self.trust, timeout_s=3.0)
         except (ManagerQueryError, ConfigError) as exc:
             connected = None
             details.append(str(exc))
