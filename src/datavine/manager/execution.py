@@ -13,13 +13,10 @@ calls of a run that failed.
 
 from __future__ import annotations
 
-import pickle
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-
-import cloudpickle
 
 from datavine.config import RunConfig
 from datavine.dashboard.events import NO_SINK, NullSink
@@ -42,6 +39,7 @@ from datavine.scheduler.run_messages import (
 )
 from datavine.scheduler.run_state import TASK_READY, RunState
 from datavine.scheduler.summary import network_line
+from datavine.worker import value_file
 
 Key = Hashable
 SALVAGE_S = 15.0  # at most this long fetching kept values after Ctrl-C
@@ -185,7 +183,7 @@ class GraphRun:
             return
         deadline = self.clock() + SALVAGE_S
         failed: set[str | None] = set()  # a worker that did not answer is not asked again
-        files: dict[int, dict[Key, bytes]] = {}  # a bundle's file holds several values
+        files: dict[int, dict[Key, object]] = {}  # a bundle's file holds several values
         for key, held in list(self.state.kept.held.items()):
             file = self.temps.get(held.file)
             if file is None or held.worker in failed or self.clock() > deadline:
@@ -195,8 +193,8 @@ class GraphRun:
                 if data is None:
                     failed.add(held.worker)
                     continue
-                files[held.file] = pickle.loads(data)
-            hook([], {key: cloudpickle.loads(files[held.file][key])})
+                files[held.file] = value_file.loads_values(data)
+            hook([], {key: files[held.file][key]})
 
     def _close(self) -> None:
         """Withdraw what was not dispatched yet, and stop the calls still running (a run that

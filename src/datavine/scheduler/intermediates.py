@@ -1,7 +1,8 @@
 """Manager side: values that stay on the worker that made them, as TaskVine temp files.
 
 A bundle's outputs that only other bundles consume are written by the worker to ONE file in
-the call's sandbox (a pickled dict, key -> value's bytes), declared to TaskVine as a temp
+the call's sandbox (:mod:`datavine.worker.value_file`: each value pickled once, its arrays'
+memory written straight out, and mapped by the consumer), declared to TaskVine as a temp
 (``Manager.declare_temp``): TaskVine keeps it in that worker's cache, runs a consumer where
 those bytes are when it can (its scheduler ranks workers by the bytes of a task's inputs they
 hold), and otherwise moves it worker-to-worker. Only the graph's requested outputs, and values

@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import importlib
 import os
-import pickle
 import signal
 import socket
 import time
@@ -32,6 +31,7 @@ import cloudpickle
 from datavine.io.reading import is_input_error, reading, shard_health
 from datavine.protocol import BundleResult, BundleSpec, Key, ProtocolError, ReadRecordDict, Status
 from datavine.scheduler import labels
+from datavine.worker import value_file
 from datavine.worker.alarm import alarm
 
 if TYPE_CHECKING:
@@ -203,21 +203,14 @@ def execute_bundle(spec: BundleSpec) -> BundleResult:
 
     Inputs come inline (``spec.inputs``) or as files that TaskVine put in the call's
     sandbox (``spec.input_files``: key -> file name: values other bundles left on their
-    workers; a file holds the values one bundle kept, by key). Outputs named in
-    ``spec.store`` over ``spec.inline_max`` bytes are written to the bundle's file there,
-    which TaskVine keeps on this worker for the bundles that need them; other outputs come
-    back inline."""
+    workers; a file holds the values one bundle kept, by key: :mod:`datavine.worker.value_file`,
+    mapped, not copied). Outputs named in ``spec.store`` over ``spec.inline_max`` bytes are
+    written to the bundle's file there, which TaskVine keeps on this worker for the bundles
+    that need them; other outputs come back inline."""
     values: dict[Key, object] = dict(spec.inputs)
-    files: dict[str, dict[Key, bytes]] = {}  # a bundle's file holds several values
-    for key, name in spec.input_files.items():
-        try:
-            if name not in files:
-                with open(name, "rb") as f:
-                    files[name] = pickle.load(f)
-            values[key] = cloudpickle.loads(files[name][key])
-        except (OSError, EOFError, KeyError) as exc:  # TaskVine lost or did not deliver it
-            return BundleResult(Status.LOST, key=key, message=f"input {name} of {key!r} could "
-                                f"not be read: {exc!r}")
+    lost = _read_input_files(spec.input_files, values)
+    if lost is not None:
+        return lost
     outputs = set(spec.outputs)
     uses: dict[Key, int] = defaultdict(int)
     for _, node in spec.nodes:
@@ -263,29 +256,47 @@ def _execute(nodes: list[tuple[Key, TaskNode]], values: dict[Key, object], outpu
     return BundleResult(Status.OK)
 
 
+def _read_input_files(input_files: dict[Key, str], values: dict[Key, object],
+                      ) -> BundleResult | None:
+    """Take the values other bundles left on workers from the files TaskVine put in the
+    sandbox (key -> file name; one file per bundle that kept them, mapped once) into
+    ``values``; a LOST result naming the first that could not be read, else None."""
+    opened: dict[str, value_file.ValueFile] = {}
+    for key, name in input_files.items():
+        try:
+            if name not in opened:
+                opened[name] = value_file.ValueFile.open(name)
+            values[key] = opened[name].load(key)
+        except (OSError, EOFError, KeyError, value_file.ValueFileError) as exc:
+            # TaskVine lost the file, or did not deliver it whole
+            return BundleResult(Status.LOST, key=key, message=f"input {name} of {key!r} could "
+                                f"not be read: {exc!r}")
+    return None
+
+
 def _pack(values: dict[Key, object], outputs: set[Key], store: dict[Key, str], inline_max: int,
           timing: dict[str, list[float]]) -> BundleResult:
     """The bundle's outputs: inline when not in ``store`` or at most ``inline_max`` bytes;
-    the others in the file ``store`` names (one file for the bundle: a pickled dict, key ->
-    bytes, see datavine.scheduler.intermediates; written even when empty, since TaskVine
-    expects it), their sizes in ``stored``."""
+    the others in the file ``store`` names (one :mod:`datavine.worker.value_file` for the
+    bundle, written even when it holds nothing, since TaskVine expects it), their sizes in
+    ``stored``. A value bound for the file is pickled once, its arrays' memory written
+    straight to the file; one that turns out small is pickled again, in band, to go inline."""
     out: dict[Key, bytes] = {}
     stored: dict[Key, int] = {}
-    files: dict[str, dict[Key, bytes]] = {name: {} for name in store.values()}
+    files: dict[str, dict[Key, value_file.Pickled]] = {name: {} for name in store.values()}
     for key in outputs:
+        name = store.get(key)
         try:
-            blob = cloudpickle.dumps(values[key])
+            kept = value_file.pickled(values[key]) if name is not None else None
+            if name is None or kept is None or kept.nbytes <= inline_max:
+                out[key] = cloudpickle.dumps(values[key])
+            else:
+                files[name][key] = kept
+                stored[key] = kept.nbytes
         except Exception as exc:
             return _error_result(key, TypeError(f"result of {key!r} cannot be serialised: {exc}"))
-        name = store.get(key)
-        if name is None or len(blob) <= inline_max:
-            out[key] = blob
-        else:
-            files[name][key] = blob
-            stored[key] = len(blob)
-    for name, blobs in files.items():
-        with open(name, "wb") as f:
-            pickle.dump(blobs, f, protocol=pickle.HIGHEST_PROTOCOL)
+    for name, kept_values in files.items():
+        value_file.write_values(name, kept_values)
     return BundleResult(Status.OK, values=out, stored=stored,
                         timing={c: (int(n), s) for c, (n, s) in timing.items()})
 
