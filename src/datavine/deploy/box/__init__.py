@@ -17,6 +17,8 @@ Rooms:
 - :mod:`.services`: the XCache origin and shards on the box's hosts;
 - :mod:`.condor`: HTCondor across the box (central manager on the manager host, a startd
   per rack host) from the project's one trixie chroot;
+- :mod:`.slowdown`: stragglers made from outside: a CPU quota on a host's processes
+  (cgroup v1), a token bucket on a host's cable (``benchmarks/stragglers.py``);
 - :mod:`.cli`: ``datavine box up|down|status|exec|cut|restore|shape``.
 
 Needs root with CAP_NET_ADMIN (``ip netns add``); :func:`.net.box_missing` says why not.
