@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +93,23 @@ def test_a_call_over_its_cap_is_killed_and_the_next_call_gets_a_new_child(
     fits = child.run(allocate, (50,), cap_mb=cap)
     assert fits.ok and fits.value == 50 and child.pid not in (None, first_pid)
     assert child.started == 2
+
+
+def test_a_call_whose_sandbox_is_removed_is_stopped_and_the_next_gets_a_new_child(
+        child: CappedChild, tmp_path: Path) -> None:
+    """The worker removes a cancelled call's sandbox: the call is stopped there."""
+    sandbox = tmp_path / "func.7"
+    sandbox.mkdir()
+    child.run(int, cap_mb=None)
+    first_pid = child.pid
+    timer = threading.Timer(0.3, sandbox.rmdir)
+    timer.start()
+    stopped = child.run(time.sleep, (60.0,), cap_mb=None, sandbox=str(sandbox))
+    timer.join()
+    assert stopped.cancelled and not stopped.ok and "cancelled" in str(stopped.error)
+    assert first_pid is not None and not psutil.pid_exists(first_pid)
+    after = child.run(whoami, cap_mb=None, sandbox=str(tmp_path))
+    assert after.ok and not after.cancelled and child.started == 2
 
 
 def test_each_call_reports_its_own_peak_not_an_earlier_calls(child: CappedChild) -> None:

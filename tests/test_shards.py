@@ -157,6 +157,14 @@ def test_in_line_is_the_healthy_shards_in_failover_order_then_the_origin() -> No
     assert smap.in_line(url, health, now=11) == [*ranked, smap.origin]
 
 
+def test_a_backup_copy_tries_the_shards_it_avoids_last_but_before_the_origin() -> None:
+    smap = _map([f"s{i}" for i in range(4)], origin="root://origin:1094")
+    url = "root://redirector:1094//store/x.root"
+    ranked = smap.ranked(url)
+    line = smap.in_line(url, ShardHealth(), now=0, avoid={ranked[0].name})
+    assert line == [*ranked[1:], ranked[0], smap.origin]
+
+
 def test_cooldown_grows_with_repeated_failures_and_resets_on_success() -> None:
     health = ShardHealth(cooldown_s=10, max_cooldown_s=25)
     assert health.mark_failed("a", now=0) == 10

@@ -112,7 +112,9 @@ class RunConfig:
         timeout_s: optional bound on a whole run.
         max_bundle_tasks: most dask tasks sent to a worker in one function call.
         target_bundle_s: bundle size aims at this much work, from measured task durations.
-        bundles_per_slot: bundles kept submitted per worker core, to keep workers busy.
+        bundles_per_slot: bundles kept submitted per worker core: with datavine's TaskVine
+            (patch 0015) they wait in the library on the worker and the next starts as one
+            ends; also the library's function slots.
         wait_s: the longest the manager waits for a result in one loop turn (whole seconds,
             >= 1: TaskVine's wait takes whole seconds and does nothing with 0); a result is
             handled as soon as it arrives.

@@ -41,7 +41,7 @@ from typing import (
 
 from datavine.errors import DatavineError
 
-PROTOCOL = 1  # bumped whenever a field of BundleSpec or BundleResult changes
+PROTOCOL = 2  # bumped whenever a field of BundleSpec or BundleResult changes
 
 
 class ProtocolError(DatavineError):
@@ -93,6 +93,9 @@ class BundleSpec:
     # nothing of datavine's but its errors)
     shardmap: object = None
     limits: dict[Key, float] = field(default_factory=dict)  # key -> time limit (seconds)
+    # shards this copy reads around (their next in line serves it): a backup copy of a
+    # straggler does not wait on the shard its first copy may be slow on
+    avoid: tuple[str, ...] = ()
 
     what: ClassVar[str] = "bundle spec"
 

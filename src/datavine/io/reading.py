@@ -26,7 +26,7 @@ Imported on workers: uproot and XRootD are imported only when a file is opened.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -94,6 +94,7 @@ class ReadContext:
     shardmap: ShardMap | None = None
     health: ShardHealth = field(default_factory=ShardHealth)
     opened: list[Opened] = field(default_factory=list)
+    avoid: frozenset[str] = frozenset()  # shards this bundle reads around (BundleSpec.avoid)
 
     def add(self, handle: object, record: OpenRecord) -> None:
         self.opened.append(Opened(handle, record.lfn, record.server, record.rack,
@@ -136,11 +137,12 @@ def shard_health() -> ShardHealth:
 
 
 @contextlib.contextmanager
-def reading(shardmap: ShardMap | None) -> Iterator[ReadContext]:
-    """Install a read context for the duration of one bundle."""
+def reading(shardmap: ShardMap | None, avoid: Iterable[str] = ()) -> Iterator[ReadContext]:
+    """Install a read context for the duration of one bundle; its opens try the shards
+    named in ``avoid`` last."""
     global _context
     previous = _context
-    _context = ReadContext(shardmap, _health)
+    _context = ReadContext(shardmap, _health, avoid=frozenset(avoid))
     try:
         yield _context
     finally:
@@ -160,7 +162,8 @@ def source_for(url: str, shardmap: ShardMap | None) -> Source:
         return DirectSource()
     from datavine.io.source.xcache import ShardedSource
 
-    return ShardedSource(shardmap, _health)
+    avoid = _context.avoid if _context is not None else frozenset()
+    return ShardedSource(shardmap, _health, avoid=avoid)
 
 
 def open_served(url: str, *, shardmap: ShardMap | None = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -195,15 +195,19 @@ class ShardMap:
     def rack_for(self, lfn_or_url: str) -> str | None:
         return self.shard_for(lfn_or_url).rack
 
-    def in_line(self, lfn_or_url: str, health: ShardHealth, now: float) -> list[Shard]:
+    def in_line(self, lfn_or_url: str, health: ShardHealth, now: float,
+                avoid: Collection[str] = ()) -> list[Shard]:
         """The servers to try for this file at ``now``, in order: its healthy shards in
-        failover order, then the origin (when there is one).
+        failover order (those named in ``avoid`` last: a backup copy of a straggler reads
+        around its first copy's shard), then the origin (when there is one).
 
         Raises :class:`NoShardAvailableError`, naming the file, when all shards are cooling
         down and there is no origin.
         """
         lfn = logical_name(lfn_or_url)
         line = [s for s in self.ranked(lfn) if health.is_healthy(s, now)]
+        if avoid:
+            line.sort(key=lambda s: s.name in avoid)  # stable: failover order otherwise
         if self.origin is not None:
             line.append(self.origin)
         if not line:

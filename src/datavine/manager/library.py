@@ -124,6 +124,7 @@ class DatavineLibrary:
                 self._stage_environment()
             self.port.install_library(f"datavine-{uuid.uuid4().hex[:8]}", env=LIBRARY_ENV,
                                       from_peers=self.run_config.library_from_peers,
+                                      slots=self.run_config.bundles_per_slot,
                                       environment=self._env_file, hook=self.hook)
         assert self.port.library is not None
         return self.port.library

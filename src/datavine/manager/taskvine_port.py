@@ -371,10 +371,12 @@ class TaskVinePort:
 
     # --- the library (for manager/library.py) ----------------------------------------------------
     def install_library(self, name: str, *, env: Mapping[str, str], from_peers: bool,
-                        environment: object = None,
+                        slots: int = 1, environment: object = None,
                         hook: Callable[[object], None] | None = None) -> None:
-        """Install the datavine library as ``name``: one instance per core (one function slot
-        each) running :func:`datavine.worker.remote.run_bundle` in 'direct' mode, with the
+        """Install the datavine library as ``name``: one instance per core, running
+        :func:`datavine.worker.remote.run_bundle` in 'direct' mode with ``slots`` function
+        slots each (one call runs, the others wait in the library's pipe and start as it ends:
+        TaskVine patch 0015; a TaskVine without it gives direct libraries one slot), with the
         variables ``env``, inside ``environment`` (an unpacked tree from
         :meth:`declare_environment`) when given; ``hook`` sees the LibraryTask last.
         ``from_peers``: whether workers may fetch the library's own files from each other
@@ -386,7 +388,7 @@ class TaskVinePort:
                 name, remote.run_bundle, add_env=False, exec_mode="direct",
                 library_context_info=[remote.library_started, [], {}])
         lib.set_cores(1)
-        lib.set_function_slots(1)
+        lib.set_function_slots(max(1, slots))
         for var, value in env.items():
             lib.set_env_var(var, value)
         if environment is not None:

@@ -72,7 +72,9 @@ class CappedChild:
 
     def run(self, fn: Callable[..., object], args: tuple[object, ...] = (),
             kwargs: Mapping[str, object] | None = None, *, cap_mb: float | None,
-            time_limit_s: float | None = None) -> CappedResult:
+            time_limit_s: float | None = None, sandbox: str | None = None) -> CappedResult:
+        """``sandbox``: the call's folder; the call is stopped once it is gone (the worker
+        removed it: the call was cancelled, :meth:`datavine.worker.memcap.Watch.gone`)."""
         started = time.perf_counter()
         request = cloudpickle.dumps((fn, args, kwargs or {}))
         alive = self.pid is not None and not memcap.exited(self.pid)
@@ -83,7 +85,7 @@ class CappedChild:
             idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
         assert self.pid is not None
         pid = self.pid
-        watch = memcap.Watch(pid, cap_mb, self.scan_every_s, time_limit_s)
+        watch = memcap.Watch(pid, cap_mb, self.scan_every_s, time_limit_s, sandbox)
         try:
             self._send(request)
             frame = memcap.collect(self._results, watch, self.poll_s)
@@ -93,7 +95,8 @@ class CappedChild:
             self.close()
             raise
         flags, hwm_kb = memcap.frame_header(frame)
-        whole = not (watch.exceeded or watch.timed_out) and memcap.frame_complete(frame)
+        whole = (not (watch.exceeded or watch.timed_out or watch.cancelled)
+                 and memcap.frame_complete(frame))
         status = self._stop() if not whole or flags & memcap.LEFT_BEHIND else 0
         return memcap.capped_result(frame, status, watch, max(watch.peak_kb, hwm_kb), started,
                                     idle_kb)

@@ -84,6 +84,7 @@ class CappedResult:
     baseline_mb: float = 0.0
     signal: int | None = None
     timed_out: bool = False
+    cancelled: bool = False  # stopped because the call was cancelled (Watch.gone)
 
 
 def run_capped(fn: Callable[..., object], args: tuple[object, ...] = (),
@@ -136,12 +137,14 @@ def capped_result(frame: bytearray, status: int, watch: Watch, peak_kb: float,
                          f"{watch.cap_mb:.0f} MB")
     elif watch.timed_out:
         outcome = failed(f"killed after running past its time limit of {watch.time_limit_s:g} s")
+    elif watch.cancelled:
+        outcome = failed("stopped: the call was cancelled (its sandbox is gone)")
     else:
         outcome = decode(frame, status)
     return CappedResult(*outcome, peak_mb=peak_mb, exceeded=watch.exceeded, cap_mb=watch.cap_mb,
                         wall_s=time.perf_counter() - started, baseline_mb=baseline_kb / 1024.0,
                         signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                        timed_out=watch.timed_out)
+                        timed_out=watch.timed_out, cancelled=watch.cancelled)
 
 
 def measure_peak(fn: Callable[..., T], args: tuple[object, ...] = (),
@@ -190,8 +193,10 @@ class Watch:
     the call's time, against ``time_limit_s`` (None: unlimited)."""
 
     def __init__(self, pid: int, cap_mb: float | None, scan_every_s: float,
-                 time_limit_s: float | None = None) -> None:
+                 time_limit_s: float | None = None, sandbox: str | None = None) -> None:
         self.pid = pid
+        self.sandbox = sandbox  # the call's folder: the worker removes it when it cancels
+        self.cancelled = False
         self.cap_mb = cap_mb
         self.cap_kb = None if cap_mb is None else cap_mb * 1024.0
         self.scan_every_s = scan_every_s
@@ -206,6 +211,12 @@ class Watch:
     def over_time(self) -> bool:
         self.timed_out = self.deadline is not None and time.monotonic() > self.deadline
         return self.timed_out
+
+    def gone(self) -> bool:
+        """Whether the call was cancelled: the worker removed its sandbox (TaskVine cannot
+        stop a call inside its library; a stat every poll is the cheapest way to learn it)."""
+        self.cancelled = self.sandbox is not None and not os.path.isdir(self.sandbox)
+        return self.cancelled
 
     def orphaned(self) -> bool:
         """Whether this (the watching) process lost its parent: for a library, its worker
@@ -249,7 +260,7 @@ def collect(r: int, watch: Watch, poll_s: float) -> bytearray:
                 return frame[:pos]
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + poll_s
-            if watch.over_cap() or watch.over_time():
+            if watch.over_cap() or watch.over_time() or watch.gone():
                 kill_group(watch.pid)
                 return bytearray()
             if watch.orphaned():  # the library's worker died: end the call and the library

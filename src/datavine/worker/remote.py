@@ -107,10 +107,13 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
     _preload(preload)
     if cap_mb:
         hard = None if limit_s is None else limit_s + HARD_LIMIT_GRACE_S
-        capped = _capped_child().run(execute_payload, (payload, os.getcwd()), cap_mb=cap_mb,
-                                     time_limit_s=hard)
+        sandbox = os.getcwd()
+        capped = _capped_child().run(execute_payload, (payload, sandbox), cap_mb=cap_mb,
+                                     time_limit_s=hard, sandbox=sandbox)
         result: BundleResult
-        if capped.exceeded:
+        if capped.cancelled:  # nobody reads this: the worker dropped the call
+            result = BundleResult(Status.ERROR, message="cancelled while it ran")
+        elif capped.exceeded:
             result = BundleResult(Status.MEMORY,
                                   message=f"exceeded its memory cap of {cap_mb:.0f} MB")
         elif capped.timed_out:
@@ -217,7 +220,7 @@ def execute_bundle(spec: BundleSpec) -> BundleResult:
         for dep in node.dependencies:
             uses[dep] += 1
     timing: dict[str, list[float]] = {}
-    with reading(cast("ShardMap | None", spec.shardmap)) as ctx:
+    with reading(cast("ShardMap | None", spec.shardmap), spec.avoid) as ctx:
         result = _execute(spec.nodes, values, outputs, spec.categories, uses, timing,
                           spec.limits)
         if result.ok:

@@ -43,13 +43,14 @@ class ShardedSource(Source):
     health: ShardHealth
     clock: Callable[[], float] = time.monotonic
     errors: tuple[type[BaseException], ...] = SERVER_ERRORS
+    avoid: frozenset[str] = frozenset()  # shards tried last (ShardMap.in_line)
 
     def open(self, url: str, opener: Opener[H], **options: object) -> tuple[H, OpenRecord]:
         start = self.clock()
         lfn = logical_name(url)
         home = self.shardmap.shard_for(lfn).name
         failures: list[tuple[str, str]] = []
-        for server in self.shardmap.in_line(lfn, self.health, start):
+        for server in self.shardmap.in_line(lfn, self.health, start, self.avoid):
             target = self.shardmap.rewrite(url, server)
             try:
                 handle = opener(target, **options)

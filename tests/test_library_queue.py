@@ -1,0 +1,143 @@
+"""The library's queue of calls (TaskVine patch 0015), on a real manager and worker.
+
+datavine's library runs in TaskVine's 'direct' mode with ``RunConfig.bundles_per_slot``
+function slots per instance: one call runs, the next waits in the library's pipe and starts
+as it ends, with no round trip to the manager in between. These tests check the mechanism,
+not its speed:
+
+- two calls on a one-core worker are both taken by the worker at once (stock TaskVine gave a
+  direct library one slot: the second waited at the manager);
+- a call cancelled while it waits behind another is skipped: the library lives on (same
+  PID), the call never runs, and the slot it held comes back for later calls;
+- a running capped call that is cancelled is stopped (its capped child is killed), and the
+  library serves the next call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+import datavine
+from datavine.config import ManagerConfig, RunConfig
+from datavine.manager.runtime import Runtime
+from datavine.protocol import BundleResult, BundleSpec
+from datavine.scheduler import graph as graphs
+
+
+def sleep_then_mark(seconds: float, mark: str) -> int:
+    """Sleep, then leave a mark file (which proves the call ran); returns this PID."""
+    time.sleep(seconds)
+    Path(mark).write_text("ran")
+    return os.getpid()
+
+
+def payload(rt: Runtime, fn: Callable[..., object], *args: object) -> bytes:
+    """A bundle of one task, ``fn(*args)``; this module's functions travel by value."""
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    graph = graphs.build({"x": (fn, *args)}, ["x"])
+    spec = BundleSpec(nodes=[("x", graph.nodes["x"])], outputs=["x"], inline_max=1 << 20)
+    return rt.dumps(spec.encode())
+
+
+class Results:
+    """Turns the manager's loop and keeps what comes back (a call's encoded result)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.got: dict[int, BundleResult] = {}
+
+    def turn(self) -> None:
+        done = self.rt.wait(1)  # TaskVine's wait does nothing with 0
+        if done is not None and done.result is not None:
+            self.got[done.id] = BundleResult.decode(done.result)
+
+    def until(self, check: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not check() and time.monotonic() < deadline:
+            self.turn()
+        return check()
+
+    def wait_for(self, calls: set[int], timeout_s: float) -> dict[int, BundleResult]:
+        """The results of ``calls`` that came back within ``timeout_s``."""
+        self.until(lambda: not calls - self.got.keys(), timeout_s)
+        return {c: self.got[c] for c in calls if c in self.got}
+
+
+@pytest.fixture
+def one_core(tmp_path: Path) -> Iterator[Runtime]:
+    """A cluster of one one-core worker, its library started, memory caps on."""
+    with datavine.LocalCluster(workers=1, cores=1,
+                               manager=ManagerConfig(run_dir=tmp_path / "run"),
+                               run=RunConfig()) as cluster:
+        rt = cluster.runtime
+        assert rt is not None
+        yield rt
+
+
+def test_two_calls_on_a_one_core_worker_are_both_at_the_worker(one_core: Runtime,
+                                                               tmp_path: Path) -> None:
+    rt = one_core
+    rt.ensure_library()
+    results = Results(rt)
+    first = rt.submit_bundle(payload(rt, sleep_then_mark, 3.0, str(tmp_path / "a")), 500.0,
+                             (), None)
+    assert results.until(lambda: rt.call_state(first) == "RUNNING", 20)
+    second = rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / "b")), 500.0,
+                              (), None)
+    both_sent = results.until(lambda: rt.call_state(first) == rt.call_state(second) == "RUNNING",
+                              20)
+    assert both_sent, (f"the worker took {rt.call_state(first)}/{rt.call_state(second)}: the "
+                       "library's second slot (patch 0015) is missing")
+    got = results.wait_for({first, second}, 30)
+    assert len(got) == 2 and all(r.ok for r in got.values())
+
+
+def test_a_call_cancelled_in_the_queue_is_skipped_and_frees_its_slot(one_core: Runtime,
+                                                                     tmp_path: Path) -> None:
+    rt = one_core
+    rt.ensure_library()
+    results = Results(rt)
+    first = rt.submit_bundle(payload(rt, sleep_then_mark, 3.0, str(tmp_path / "a")), 500.0,
+                             (), None)
+    assert results.until(lambda: rt.call_state(first) == "RUNNING", 20)
+    queued = rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / "q")), 500.0,
+                              (), None)
+    assert results.until(lambda: rt.call_state(queued) == "RUNNING", 20)
+    rt.cancel(queued)  # it waits in the library's pipe behind ``first``
+    got = results.wait_for({first}, 30)
+    assert got[first].ok
+    pid = got[first].pid
+    # the slot the cancelled call held comes back: two more calls both run, in that library
+    later = {rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / f"l{i}")),
+                              500.0, (), None) for i in range(2)}
+    after = results.wait_for(later, 30)
+    assert len(after) == 2, "a call waited for a slot the cancelled call never gave back"
+    assert {r.pid for r in after.values()} == {pid}, "the library died and was restarted"
+    assert not (tmp_path / "q").exists(), "the cancelled call ran"
+
+
+def test_a_running_capped_call_that_is_cancelled_is_stopped(one_core: Runtime,
+                                                             tmp_path: Path) -> None:
+    rt = one_core
+    rt.ensure_library()
+    results = Results(rt)
+    warm = results.wait_for({rt.submit_bundle(payload(rt, os.getpid), 500.0, (), None)}, 30)
+    (library,) = {r.pid for r in warm.values()}
+    long = rt.submit_bundle(payload(rt, sleep_then_mark, 60.0, str(tmp_path / "long")), 500.0,
+                            (), None)
+    assert results.until(lambda: rt.call_state(long) == "RUNNING", 20)
+    time.sleep(0.5)  # it runs in the library's capped child now
+    rt.cancel(long)
+    after = rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / "after")),
+                             500.0, (), None)
+    got = results.wait_for({after}, 30)  # far less than the 60 s the cancelled call sleeps
+    assert after in got and got[after].ok, "the next call waited for a cancelled one"
+    assert got[after].pid == library, "the library died and was restarted"
+    assert not (tmp_path / "long").exists()
