@@ -16,7 +16,10 @@ Peers: datavine (values kept on workers), datavine with every value through the 
 (``RunConfig(keep_on_workers=False)``, "inline"), cctools' DaskVine function-calls with
 ``worker_transfers=True``, and distributed. For each: seconds, tasks/s (events/s for agc),
 the manager's file bytes out + in (TaskVine's counters; distributed keeps values on its
-workers by design and is not counted), the final output's bytes. Each peer runs
+workers by design and is not counted), the final output's bytes, and the bytes the workers
+sent one another (datavine's count of kept files fetched by another worker; distributed's
+``transfer_outgoing_bytes_total``, which counts what its workers send the client too). Each
+peer runs
 ``--repeat`` times; the fastest run counts. Last line: ``manager_bytes_ratio`` (datavine's
 manager bytes / final output bytes, tree), ``throughput_ratio`` (datavine / inline, tree and
 agc), ``ratio_vs_daskvine`` (datavine / DaskVine, tree and agc).
@@ -28,6 +31,7 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +94,18 @@ def agc_graph(chunks: list[Any], reference: Any, tag: int = 0,
 
 
 # --- peers ---------------------------------------------------------------------------------
+@dataclass
+class Peer:
+    """One peer, its workers connected: its ``get``, the manager's file bytes so far, and
+    the bytes its workers sent one another so far (None: not counted)."""
+
+    get: Callable[..., Any]
+    manager_bytes: Callable[[], int]
+    peer_bytes: Callable[[], int | None]
+
+
 @contextmanager
-def peer(name: str, workers: int) -> Iterator[tuple[Callable[..., Any], Callable[[], int]]]:
-    """(get, manager bytes so far) for one peer, its workers connected."""
+def peer(name: str, workers: int) -> Iterator[Peer]:
     if name in ("datavine", "inline"):
         import datavine
 
@@ -101,17 +114,30 @@ def peer(name: str, workers: int) -> Iterator[tuple[Callable[..., Any], Callable
         with datavine.LocalCluster(workers=workers, cores=1, run=run,
                                    manager=datavine.ManagerConfig(
                                        run_dir=common.run_dir(name))) as cluster:
-            yield cluster.get, lambda: sum(cluster.runtime.file_bytes())
+            moved = [0]  # worker to worker, summed over the runs so far
+
+            def get(dsk: Any, keys: Any) -> Any:
+                try:
+                    return cluster.get(dsk, keys)
+                finally:
+                    if cluster.last_summary is not None:
+                        moved[0] += cluster.last_summary.traffic.peer
+
+            yield Peer(get, lambda: sum(cluster.runtime.file_bytes()), lambda: moved[0])
     elif name == "daskvine":
         with common.daskvine(workers, 1) as manager:
-            def get(dsk: Any, keys: Any) -> Any:
+            def vine_get(dsk: Any, keys: Any) -> Any:
                 return manager.get(dict(dsk), keys, task_mode="function-calls",
                                    worker_transfers=True, progress_disable=True,
                                    lib_resources={"cores": 1, "slots": 1})
-            yield get, lambda: int(manager.stats.bytes_sent) + int(manager.stats.bytes_received)
+            yield Peer(vine_get, lambda: int(manager.stats.bytes_sent)
+                       + int(manager.stats.bytes_received), lambda: None)
     else:
         with common.distributed_client(workers, 1) as client:
-            yield client.get, lambda: 0
+            def sent() -> int:  # what the workers sent each other (and the client)
+                return sum(client.run(lambda dask_worker: dask_worker
+                                      .transfer_outgoing_bytes_total).values())
+            yield Peer(client.get, lambda: 0, sent)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,31 +162,46 @@ def main(argv: list[str] | None = None) -> int:
         "tree": tree_graph, "agc": lambda tag: agc_graph(chunks, reference, tag)}
     units = {"tree": len(tree_graph()[0]), "agc": 800_000}
     print(common.machine_info())
-    rows: dict[tuple[str, str], tuple[common.PeerResult, int, int]] = {}
+    rows: dict[tuple[str, str], Row] = {}
     for name in args.peers:
-        with peer(name, args.workers) as (get, manager_bytes):
+        with peer(name, args.workers) as vine:
             for graph_name, build in graphs.items():
-                best: tuple[common.PeerResult, int, int] | None = None
+                best: Row | None = None
                 for repeat in range(args.repeat):
                     dsk, final, check = build(repeat)
-                    before = manager_bytes()
+                    before, peer_before = vine.manager_bytes(), vine.peer_bytes()
                     out: list[Any] = []
 
-                    def run(out: list[Any] = out, dsk: Any = dsk, final: Any = final) -> Any:
+                    def run(out: list[Any] = out, dsk: Any = dsk, final: Any = final,
+                            get: Callable[..., Any] = vine.get) -> Any:
                         out.append(get(dsk, [final])[0])
                         return out[0]
 
                     result = common.measure(f"{name} {graph_name}", units[graph_name], run,
                                             check, limit_s=args.limit)
-                    moved = manager_bytes() - before
+                    moved = vine.manager_bytes() - before
+                    peer_after = vine.peer_bytes()
+                    between = (peer_after - peer_before if peer_after is not None
+                               and peer_before is not None else None)
                     size = output_bytes(out[0]) if out else 0
-                    if best is None or (result.rate or 0) > (best[0].rate or 0):
-                        best = (result, moved, size)
+                    if best is None or (result.rate or 0) > (best.result.rate or 0):
+                        best = Row(result, moved, size, between)
                 assert best is not None
                 rows[(name, graph_name)] = best
     print_table(rows)
     print(common.kv_line(summary(rows)))
     return 0
+
+
+@dataclass
+class Row:
+    """A peer's best run of one graph: its measurement, the manager's bytes, the output's
+    bytes and the bytes its workers sent one another (None: not counted)."""
+
+    result: common.PeerResult
+    manager: int
+    output: int
+    between: int | None
 
 
 def output_bytes(value: Any) -> int:
@@ -169,27 +210,29 @@ def output_bytes(value: Any) -> int:
     return len(cloudpickle.dumps(value))
 
 
-def print_table(rows: dict[tuple[str, str], tuple[common.PeerResult, int, int]]) -> None:
+def print_table(rows: dict[tuple[str, str], Row]) -> None:
     print("\n| graph | peer | seconds | rate | manager MB | output MB | manager / output | "
-          "correct |\n|---|---|---:|---:|---:|---:|---:|---|")
+          "worker to worker MB | correct |\n|---|---|---:|---:|---:|---:|---:|---:|---|")
     mb = 2**20
-    for (name, graph_name), (r, moved, size) in rows.items():
-        counted = moved if name != "distributed" else None
+    for (name, graph_name), row in rows.items():
+        r, size = row.result, row.output
+        counted = row.manager if name != "distributed" else None
+        between = f"{row.between / mb:,.1f}" if row.between is not None else "n/a"
         print(f"| {graph_name} | {name} | {r.seconds or 0:.2f} | {r.rate or 0:,.0f} | "
               f"{f'{counted / mb:,.1f}' if counted is not None else 'n/a'} | {size / mb:.1f} | "
               f"{f'{counted / size:.2f}' if counted is not None and size else 'n/a'} | "
-              f"{'yes' if r.ok else 'NO'} |")
+              f"{between} | {'yes' if r.ok else 'NO'} |")
     print()
 
 
-def summary(rows: dict[tuple[str, str], tuple[common.PeerResult, int, int]]) -> dict[str, Any]:
+def summary(rows: dict[tuple[str, str], Row]) -> dict[str, Any]:
     def rate(name: str, graph: str) -> float | None:
         row = rows.get((name, graph))
-        return row[0].rate if row else None
+        return row.result.rate if row else None
 
     def bytes_ratio(graph: str) -> str:
         row = rows.get(("datavine", graph))
-        return f"{row[1] / row[2]:.2f}" if row and row[2] else "nan"
+        return f"{row.manager / row.output:.2f}" if row and row.output else "nan"
 
     return {
         "manager_bytes_ratio": bytes_ratio("tree"),

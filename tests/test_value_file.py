@@ -71,6 +71,24 @@ def test_values_read_from_the_mapped_file_equal_those_written(tmp_path: Path) ->
     assert all(_same(values[k], loaded[k]) for k in values)
 
 
+def test_analysis_objects_round_trip_and_stay_mutable(tmp_path: Path) -> None:
+    """What coffea processors return: awkward arrays, and histograms a merge fills further
+    (a histogram taken from the mapping is filled in place: copy-on-write)."""
+    ak = pytest.importorskip("awkward")
+    hist = pytest.importorskip("hist")
+    jagged = ak.Array([[1.0, 2.0, 3.0], [], [4.5]])
+    h = hist.Hist.new.Reg(10, 0, 1, name="x").Weight()
+    h.fill(np.linspace(0.05, 0.95, 1000))
+    _write(tmp_path / "f", {"jagged": jagged, "h": h})
+    opened = ValueFile.open(str(tmp_path / "f"))
+    assert ak.to_list(opened.load("jagged")) == ak.to_list(jagged)
+    taken = opened.load("h")
+    assert taken == h
+    taken.fill([0.5])
+    assert taken.sum().value == h.sum().value + 1
+    assert ValueFile.open(str(tmp_path / "f")).load("h") == h  # the file is unchanged
+
+
 def test_arrays_are_aligned_writable_views_of_the_file(tmp_path: Path) -> None:
     values = _values()
     _write(tmp_path / "f", values)
