@@ -325,6 +325,8 @@ def test_the_lifecycle_agrees_with_the_run_state_whatever_the_pool_does(
                 break
             out = pool.tick(0.5)
             for call in sorted(pool.out):
+                if call not in pool.out:  # a backup copy cancelled by an earlier result
+                    continue
                 out += pool.step(CallDone(call, pool.result(call, WORKERS[1]), WORKERS[1],
                                           pool.now))
             failed = bool(of(Fail, out))

@@ -156,6 +156,12 @@ class RunConfig:
         library_from_peers: let workers fetch the library's own files (a few KB) from
             each other, TaskVine's default; by default the manager sends them to each
             worker, so that a worker that cannot reach its peers still starts it.
+        speculation: backup copies (:mod:`datavine.scheduler.speculation`): once nothing
+            more waits to be sent and a core idles, a bundle waiting in a busy worker's
+            library, or running past ``speculation_after`` x its expected time plus
+            ``speculation_slack_s``, gets a copy on the idle core (reading through the next
+            shard in line); the first result wins, the other copy is cancelled. Counted in
+            the run summary (``backups``).
     """
 
     max_retries: int = 3
@@ -179,6 +185,9 @@ class RunConfig:
     inline_max_bytes: int = 64 * 1024
     library_start_timeout_s: float = 30.0
     library_from_peers: bool = False
+    speculation: bool = True
+    speculation_after: float = 2.0
+    speculation_slack_s: float = 0.2
 
     def time_limit(self, category: str) -> float | None:
         """The time limit of a task of ``category``, or None."""
@@ -190,6 +199,10 @@ class RunConfig:
                 raise ConfigError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.wait_s < 1:
             raise ConfigError(f"RunConfig.wait_s must be >= 1 (whole seconds), got {self.wait_s}")
+        if self.speculation_after < 1 or self.speculation_slack_s < 0:
+            raise ConfigError("RunConfig.speculation_after must be >= 1 and speculation_slack_s "
+                              f">= 0, got {self.speculation_after} and "
+                              f"{self.speculation_slack_s}")
         for name in ("no_worker_timeout_s", "target_bundle_s", "library_start_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"RunConfig.{name} must be > 0, got {getattr(self, name)}")
@@ -232,6 +245,9 @@ class RunChanges(TypedDict, total=False):
     inline_max_bytes: int
     library_start_timeout_s: float
     library_from_peers: bool
+    speculation: bool
+    speculation_after: float
+    speculation_slack_s: float
 
 
 def check_counts(owner: str, counts: Mapping[str, object], *, minimum: int = 1,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import cloudpickle
@@ -72,6 +72,7 @@ from datavine.scheduler.run_messages import (
     Tick,
     Withdraw,
 )
+from datavine.scheduler.speculation import Lanes, OutCall, choose
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Target, counted_tier
 
@@ -146,6 +147,12 @@ class RunState:
         self.timed_out: Counter[Key] = Counter()
         self.delivered: FirstSeen[Key] = FirstSeen()  # tasks delivered (once each)
         self.preload = tuple(dict.fromkeys((*cfg.preload, *graph.modules())))
+        # backup copies (scheduler/speculation.py): each copy's record (its bundle's, another
+        # call), and which call each copies; every call's place in its worker's lane
+        self.backups: dict[int, Inflight] = {}
+        self.copy_of: dict[int, int] = {}  # call -> its copy
+        self.copied_from: dict[int, int] = {}  # copy -> the call it copies
+        self.lanes = Lanes(self._cores_of)
 
     # --- the interface ----------------------------------------------------------------------
     @property
@@ -183,6 +190,8 @@ class RunState:
         for call, entry in list(self.inflight.items()):
             self._move(entry.bundle, Phase.ABANDONED, detail="the run ended with it out")
             self._forget(call)
+        for call in list(self.backups):
+            self._forget_copy(call)
         for bundle, _ in self.dispatch.held:
             if bundle.id not in self.life.bundles:  # held by a turn that did not finish
                 self._move(bundle, Phase.HELD)
@@ -213,9 +222,13 @@ class RunState:
             if key not in self.planner.done:
                 errors.append(f"task {key!r} has a value but is not done")
         counted = sum(self.learned.topology.inflight.values())
-        if counted != len(self.inflight):
+        if counted != len(self.inflight) + len(self.backups):
             errors.append(f"the topology counts {counted} calls in flight, the run "
-                          f"{len(self.inflight)}")
+                          f"{len(self.inflight)} and {len(self.backups)} backup copies")
+        for copy, call in self.copied_from.items():
+            if self.copy_of.get(call) != copy or copy not in self.backups or (
+                    call not in self.inflight):
+                errors.append(f"backup copy {copy} of call {call} is not out with it")
         if errors:
             raise InvariantError("; ".join(errors))
 
@@ -279,6 +292,13 @@ class RunState:
         for bundle in self.dispatch.newly_held:  # those held before are HELD already
             if bundle.id not in self.life.bundles:
                 self._move(bundle, Phase.HELD, detail="waits for a slot near its files")
+        if cfg.speculation and self.inflight and not self.planner.n_ready and not len(
+                self.dispatch.held):
+            # cores running a call, or that may be (a call whose worker is not known yet)
+            unplaced = len(self.inflight) + len(self.backups) - len(self.lanes.on)
+            free = tick.cores - len(self.lanes.began) - unplaced
+            if free > 0:
+                self._speculate(tick.now, free)
 
     def _submit(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory
@@ -295,27 +315,158 @@ class RunState:
                 and self.kept.worth_keeping(graph.output_kind(k), cfg.inline_max_bytes)
                 ] if cfg.keep_on_workers and self.learned.network.keep_on_workers else []
         plan = self.kept.plan(keep, bundle.inputs)
-        spec = BundleSpec(
-            nodes=[(k, graph.nodes[k]) for k in bundle.keys],
-            inputs={k: self.values[k] for k in bundle.inputs if k not in plan.fetch},
-            input_files=plan.fetch,
-            outputs=sorted(bundle.outputs, key=graph.priority.__getitem__),
-            store=plan.store,
-            inline_max=cfg.inline_max_bytes,
-            categories=categories,
-            shardmap=cfg.shardmap,
-            limits=limits,
-        )
+        spec = self._spec(bundle, plan, categories, limits)
         call = next(self._calls)
         self._out.append(Submit(
             call, spec, cap_mb, self.preload, sum(limits.values()) if limits else None, target,
             fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
             store={name: plan.declared[key] for key, name in plan.store.items()}))
         self.inflight[call] = Inflight(bundle, target, category, cap_mb, plan)
+        if target.worker is not None:
+            self.lanes.place(call, target.worker, self.now)
         self._move(bundle, Phase.SENT, call=call, detail=_sent_to(target, cap_mb, placement))
         self.summary.bundles += 1
         if bundle.files:
             self.summary.placement[counted_tier(placement, target)] += 1
+
+    def _spec(self, bundle: Bundle, plan: Plan, categories: Mapping[Key, str],
+              limits: dict[Key, float], avoid: tuple[str, ...] = ()) -> BundleSpec:
+        graph = self.graph
+        return BundleSpec(
+            nodes=[(k, graph.nodes[k]) for k in bundle.keys],
+            inputs={k: self.values[k] for k in bundle.inputs if k not in plan.fetch},
+            input_files=plan.fetch,
+            outputs=sorted(bundle.outputs, key=graph.priority.__getitem__),
+            store=plan.store,
+            inline_max=self.cfg.inline_max_bytes,
+            categories=dict(categories),
+            shardmap=self.cfg.shardmap,
+            limits=limits,
+            avoid=avoid,
+        )
+
+    # --- backup copies (scheduler/speculation.py) ---------------------------------------------
+    def _cores_of(self, worker: str) -> int:
+        known = self.learned.topology.workers.get(worker)
+        return max(1, known.cores) if known is not None else 1
+
+    def _speculate(self, now: float, free: int) -> None:
+        """Nothing more to send and ``free`` cores idle: copy calls that wait behind another
+        in a busy worker's library, or run far past their expected time, onto idle workers."""
+        out = []
+        for call, entry in self.inflight.items():
+            worker = self.lanes.on.get(call)
+            if worker is None or entry.again is not None or call in self.copy_of:
+                continue
+            out.append(OutCall(call, worker, self.lanes.queued(call), self.lanes.began.get(call),
+                               self._expected(entry.bundle), self._files_rack(entry.bundle)))
+        racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
+        for chosen, worker in choose(out, self.lanes.idle(racks), now,
+                                     late_factor=self.cfg.speculation_after,
+                                     late_slack_s=self.cfg.speculation_slack_s)[:free]:
+            self._copy(chosen, worker)
+
+    def _expected(self, bundle: Bundle) -> float | None:
+        """The bundle's expected run time from its tasks' measured costs (None: unknown)."""
+        total = 0.0
+        for key in bundle.keys:
+            estimate = self.learned.costs.estimate(self.graph.category(key))
+            if estimate is None:
+                return None
+            total += estimate
+        return total
+
+    def _files_rack(self, bundle: Bundle) -> str | None:
+        return self.dispatch.rack_now(bundle.files[0], self.now) if bundle.files else None
+
+    def _copy(self, chosen: OutCall, worker: str) -> None:
+        """Send a copy of ``chosen``'s bundle to ``worker``, reading around the shards its
+        first copy reads from."""
+        entry = self.inflight[chosen.call]
+        bundle, graph = entry.bundle, self.graph
+        categories = {k: graph.category(k) for k in bundle.keys}
+        limits = {k: limit for k, c in categories.items()
+                  if (limit := self.cfg.time_limit(c)) is not None}
+        shards = [self.dispatch.shard_now(f, self.now) for f in bundle.files]
+        avoid = tuple(sorted({s.name for s in shards if s is not None and not s.is_origin}))
+        plan = self.kept.plan(list(entry.plan.store), bundle.inputs)  # temps of its own
+        spec = self._spec(bundle, plan, categories, limits, avoid)
+        topology = self.learned.topology
+        target = topology.named(worker)
+        call = next(self._calls)
+        self._out.append(Submit(
+            call, spec, entry.cap_mb, self.preload, sum(limits.values()) if limits else None,
+            target, fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
+            store={name: plan.declared[key] for key, name in plan.store.items()}))
+        self.backups[call] = Inflight(bundle, target, entry.category, entry.cap_mb, plan)
+        self.copy_of[chosen.call], self.copied_from[call] = call, chosen.call
+        topology.sent(target)
+        self.lanes.place(call, worker, self.now)
+        why = ("it waits behind another call of its worker" if chosen.queued else
+               f"it has run {self.now - (chosen.began or self.now):.2f} s, "
+               f"{self.cfg.speculation_after:g} x its expected {chosen.expected_s or 0:.2f} s "
+               "and more")
+        self.life.note(bundle.keys, self.now, f"bundle {bundle.id}: a backup copy (call {call}) "
+                       f"sent to worker {worker}: its call {chosen.call} on "
+                       f"{chosen.worker} {why}")
+        backups = self.summary.backups
+        backups.started += 1
+        if chosen.queued:
+            backups.queued += 1
+        else:
+            backups.late += 1
+
+    def _forget_copy(self, copy: int, *, succeeded: bool = False) -> Inflight | None:
+        """A backup copy is no longer out: its slot is free, and unless it ``succeeded``
+        the temps it was to make will never be."""
+        entry = self.backups.pop(copy, None)
+        call = self.copied_from.pop(copy, None)
+        if call is not None:
+            self.copy_of.pop(call, None)
+        if entry is not None:
+            self.learned.topology.returned(entry.target)
+            self.lanes.remove(copy, self.now)
+            if not succeeded:
+                self.kept.failed(entry.plan)
+        return entry
+
+    def _cancel_copy(self, call: int, why: str) -> None:
+        """``call`` ended: its backup copy, if any, is cancelled (stopped where it runs)."""
+        copy = self.copy_of.get(call)
+        if copy is None:
+            return
+        self._out.append(Withdraw(copy, running=True))  # before its temps are dropped
+        entry = self._forget_copy(copy)
+        self.summary.backups.cancelled += 1
+        if entry is not None:
+            self.life.note(entry.bundle.keys, self.now,
+                           f"bundle {entry.bundle.id}: its backup copy (call {copy}) was "
+                           f"cancelled: {why}")
+
+    def _copy_done(self, done: CallDone) -> None:
+        """A backup copy came back: the first result wins (its first copy is cancelled and
+        the bundle is done once); a failed copy is dropped, its first copy goes on."""
+        call = self.copied_from.get(done.call)
+        result = done.result
+        won = result is not None and result.ok and call in self.inflight
+        entry = self._forget_copy(done.call, succeeded=won)
+        if entry is None or call is None:
+            return
+        if not won:
+            self.summary.backups.failed += 1
+            why = (done.failure or "its worker died") if result is None else (
+                result.message or str(result.status))
+            self.life.note(entry.bundle.keys, self.now,
+                           f"bundle {entry.bundle.id}: its backup copy (call {done.call}) "
+                           f"failed ({why}); its call {call} goes on")
+            return
+        self._out.append(Withdraw(call, running=True))  # before its temps are dropped
+        first = self._forget(call)  # its temps will never be made: the copy's are
+        assert first is not None and result is not None
+        self.summary.backups.won += 1
+        where = f"{result.worker or done.addrport} ({result.host or '?'})"
+        self._accept(replace(first, plan=entry.plan), result, done.addrport, where,
+                     f"its backup copy (call {done.call}) came first; call {call} cancelled")
 
     # --- the pool ---------------------------------------------------------------------------
     def _sample(self, sample: PoolSample) -> None:
@@ -362,6 +513,13 @@ class RunState:
             if entry.target.worker in sample.gone and sample.states.get(call) == TASK_READY:
                 self._withdraw(call, _Again(Reason.LOST_WORKER,
                                             f"worker {entry.target.worker} left"))
+        for copy, entry in list(self.backups.items()):
+            if entry.target.worker in sample.gone:
+                self._cancel_copy(self.copied_from[copy], f"worker {entry.target.worker} left")
+        for call, addr in sample.where.items():
+            known = topology.at(addr)
+            if known is not None and (call in self.inflight or call in self.backups):
+                self.lanes.place(call, known.id, sample.now)
         self._watch_network(sample)
 
     def _withdraw(self, call: int, again: _Again, *, running: bool = False) -> None:
@@ -435,16 +593,23 @@ class RunState:
         entry = self.inflight.pop(call, None)
         if entry is not None:
             self.learned.topology.returned(entry.target)
+            self.lanes.remove(call, self.now)
             if not succeeded:
                 self.kept.failed(entry.plan)  # its outputs will never be there
         return entry
 
     # --- results ----------------------------------------------------------------------------
     def _done(self, done: CallDone) -> None:
+        if done.call in self.copied_from:
+            self._copy_done(done)
+            return
         result = done.result
         entry = self._forget(done.call, succeeded=result is not None and result.ok)
         if entry is None:
             return  # a call withdrawn earlier
+        self._cancel_copy(done.call, "its first copy came back first"
+                          if result is not None and result.ok else
+                          "its first copy failed: the bundle is retried as a whole")
         if done.unreadable is not None:
             self._fail(done.unreadable, entry.bundle, Reason.PROTOCOL)
         if result is None:  # the library or its worker died under the call
@@ -485,7 +650,7 @@ class RunState:
                        Reason.TASK_ERROR, f"on {where}: {result.message}")
 
     def _accept(self, entry: Inflight, result: BundleResult, addrport: str | None,
-                where: str) -> None:
+                where: str, how: str = "") -> None:
         bundle, graph = entry.bundle, self.graph
         for key, blob in result.values.items():
             self.values[key] = cloudpickle.loads(blob)
@@ -504,7 +669,8 @@ class RunState:
         self.planner.complete(bundle)
         self._move(bundle, Phase.DONE, detail=(
             f"on {where} in {result.wall_s:.3f} s, peak {result.peak_mb:.0f} MB; "
-            f"{len(result.values)} values back, {len(result.stored)} kept there"))
+            f"{len(result.values)} values back, {len(result.stored)} kept there"
+            + (f"; {how}" if how else "")))
         peak = result.peak_mb
         worker = self._note_worker(result, addrport, bundle)
         if self.learned.memory is not None and entry.cap_mb:

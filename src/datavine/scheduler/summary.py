@@ -61,6 +61,20 @@ class Traffic:
 
 
 @dataclass
+class Backups:
+    """Backup copies (:mod:`datavine.scheduler.speculation`): copies sent (of calls that
+    waited behind another, and of late ones), copies whose result came first, copies
+    cancelled because the first copy came first (or failed), copies that failed."""
+
+    started: int = 0
+    queued: int = 0
+    late: int = 0
+    won: int = 0
+    cancelled: int = 0
+    failed: int = 0
+
+
+@dataclass
 class RunSummary:
     """Figures for one ``get`` call.
 
@@ -77,7 +91,7 @@ class RunSummary:
     failed), stopped by restarting the library; ``recomputed``: tasks run again because
     values kept on a lost worker were needed; ``traffic``: where the values' bytes went;
     ``placement``: bundles that read files, by how near they were placed
-    (:data:`PLACEMENT_TIERS`).
+    (:data:`PLACEMENT_TIERS`); ``backups``: backup copies (:class:`Backups`).
     """
 
     tasks: int = 0
@@ -104,6 +118,7 @@ class RunSummary:
     network: list[dict[str, Any]] = field(default_factory=list)
     # every bundle's phases and steps (scheduler/lifecycle.py: Lifecycle.to_dict)
     lifecycle: dict[str, Any] = field(default_factory=dict)
+    backups: Backups = field(default_factory=Backups)
 
     @property
     def tasks_per_s(self) -> float:
@@ -155,6 +170,7 @@ class RunSummary:
             "notes": list(self.notes),
             "network": [dict(n) for n in self.network],
             "lifecycle": self.lifecycle,
+            "backups": asdict(self.backups),
         }
 
     def lines(self) -> list[str]:
@@ -184,6 +200,11 @@ class RunSummary:
             mb = 2**20
             out.append(f"  data: {t.manager / mb:,.1f} MB through the manager, {t.kept / mb:,.1f} "
                        f"MB kept on workers, {t.peer / mb:,.1f} MB worker to worker")
+        b = self.backups
+        if b.started:
+            out.append(f"  backups: {b.started} copies ({b.queued} of waiting calls, {b.late} "
+                       f"of late ones): {b.won} came first, {b.cancelled} cancelled, "
+                       f"{b.failed} failed")
         if self.lost_workers:
             out.append(f"  lost workers: {', '.join(self.lost_workers[:8])}"
                        + (f" ({len(self.lost_workers)} in all)" if len(self.lost_workers) > 8

@@ -519,6 +519,15 @@ class Topology:
                 return Target(rack=known.rack)
         return ANYWHERE
 
+    def named(self, worker: str) -> Target:
+        """The target of one named worker (a backup copy goes to exactly that worker)."""
+        return self._target(worker, None)
+
+    def at(self, addrport: str) -> KnownWorker | None:
+        """The worker at TaskVine address ``addrport``, if known."""
+        wid = self._by_addr.get(addrport)
+        return self.workers.get(wid) if wid is not None else None
+
     def _target(self, worker: str | None, rack: str | None) -> Target:
         """One Target object per worker or rack (a bundle in flight holds one)."""
         key = (worker, rack)

@@ -1,0 +1,138 @@
+"""Pure decisions for backup copies: which calls out get a second copy now, and where.
+
+When a run has nothing more to send and a core is idle, two kinds of call out are worth a
+copy on that core:
+
+- **queued**: the call waits in its worker's library behind another call (the library takes
+  ``RunConfig.bundles_per_slot`` calls per core, so the next starts as one ends: TaskVine
+  patch 0015). At a pass's end the other workers would idle while it waits: a tail;
+- **late**: the call has run ``late_factor`` times its expected time (its tasks' categories'
+  measured times), plus ``late_slack_s``: a straggler (a throttled or overloaded node, a
+  failing disk, a slow shard).
+
+As MapReduce's backup tasks and Spark's speculation, the copy runs on another worker (it reads
+through the next shard in line: :attr:`datavine.protocol.BundleSpec.avoid`), the first result
+wins and the other copy is cancelled (:mod:`datavine.scheduler.run_state` does that; with
+patch 0015 a cancelled call is skipped or stopped in its library). A call gets one copy at
+most; calls whose outputs stay on their worker (temp files) are not copied.
+
+No clock, no I/O: :class:`Lanes` keeps, per worker, its calls out in the order they were
+sent, and when each began to run (the time it was sent when a core was free, else when the
+call before it ended); :func:`choose` decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class OutCall:
+    """A call out, as speculation sees it: its worker, whether it waits behind another call
+    there, since when it runs (None: it waits), its expected run time (None: unknown), and
+    the rack of its input files' shard (None: no files, or no racks)."""
+
+    call: int
+    worker: str
+    queued: bool
+    began: float | None
+    expected_s: float | None
+    rack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IdleWorker:
+    """A worker with ``cores`` idle cores (no call out uses them)."""
+
+    worker: str
+    rack: str | None
+    cores: int
+
+
+def late(call: OutCall, now: float, late_factor: float, late_slack_s: float) -> bool:
+    """Whether a running call is past ``late_factor`` x its expected time + the slack."""
+    if call.queued or call.began is None or not call.expected_s:
+        return False
+    return now - call.began > late_factor * call.expected_s + late_slack_s
+
+
+def choose(out: Iterable[OutCall], idle: Sequence[IdleWorker], now: float, *,
+           late_factor: float, late_slack_s: float) -> list[tuple[OutCall, str]]:
+    """Copies to start now: (call, the worker to run its copy), at most one per idle core.
+
+    Queued calls first (the longest expected first: the longest wait an idle core can save),
+    then late ones (the latest first, by how many expected times they have run); each copy
+    goes to an idle worker other than its call's, one in its files' rack when there is one."""
+    free = {w.worker: w.cores for w in idle if w.cores > 0}
+    if not free:
+        return []
+    racks = {w.worker: w.rack for w in idle}
+    queued = sorted((c for c in out if c.queued),
+                    key=lambda c: (-(c.expected_s or 0.0), c.call))
+    stragglers = sorted((c for c in out if late(c, now, late_factor, late_slack_s)),
+                        key=lambda c: (-(now - (c.began or now)) / (c.expected_s or 1.0),
+                                       c.call))
+    chosen: list[tuple[OutCall, str]] = []
+    for call in [*queued, *stragglers]:
+        others = [w for w, n in free.items() if n > 0 and w != call.worker]
+        if not others:
+            continue
+        near = [w for w in others if call.rack is not None and racks.get(w) == call.rack]
+        worker = max(near or others, key=lambda w: (free[w], w))
+        free[worker] -= 1
+        chosen.append((call, worker))
+    return chosen
+
+
+class Lanes:
+    """Each worker's calls out, in the order they were sent, and when each began to run.
+
+    A worker of ``cores_of(worker)`` cores runs its first that many calls; the others wait
+    in its library. A call whose worker is not known yet (sent to a rack or anywhere) joins
+    a lane when a look at the pool says where it is (:meth:`place` again moves it)."""
+
+    def __init__(self, cores_of: Callable[[str], int]) -> None:
+        self.cores_of = cores_of
+        self.lane: dict[str, list[int]] = {}  # worker -> its calls out, oldest first
+        self.on: dict[int, str] = {}  # call -> its worker
+        self.began: dict[int, float] = {}  # call -> when it began to run
+
+    def place(self, call: int, worker: str, now: float) -> None:
+        """``call`` is out on ``worker``: it runs now if a core is free there."""
+        if self.on.get(call) == worker:
+            return
+        self.remove(call, now)
+        lane = self.lane.setdefault(worker, [])
+        lane.append(call)
+        self.on[call] = worker
+        if len(lane) <= self.cores_of(worker):
+            self.began[call] = now
+
+    def remove(self, call: int, now: float) -> None:
+        """``call`` is no longer out (done, cancelled, moved): the next in its lane runs."""
+        worker = self.on.pop(call, None)
+        self.began.pop(call, None)
+        if worker is None:
+            return
+        lane = self.lane[worker]
+        lane.remove(call)
+        for waiting in lane[:self.cores_of(worker)]:
+            self.began.setdefault(waiting, now)
+        if not lane:
+            del self.lane[worker]
+
+    def queued(self, call: int) -> bool:
+        return call in self.on and call not in self.began
+
+    def busy(self, worker: str) -> int:
+        return len(self.lane.get(worker, ()))
+
+    def idle(self, workers: Mapping[str, str | None]) -> list[IdleWorker]:
+        """The workers (``{worker: rack}``) with cores that no call out uses."""
+        out = []
+        for worker, rack in workers.items():
+            free = self.cores_of(worker) - self.busy(worker)
+            if free > 0:
+                out.append(IdleWorker(worker, rack, free))
+        return out

@@ -1,0 +1,149 @@
+"""Backup copies: the pure decisions (:mod:`datavine.scheduler.speculation`) and the run's
+state machine driving them (a copy wins and is counted once; the first copy wins and the
+copy is cancelled; a failed copy is dropped and its first copy goes on), played by hand as
+in ``tests/test_run_state.py``: no TaskVine, no clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from datavine.protocol import BundleResult, Status
+from datavine.scheduler.run_messages import Deliver, Fail, PoolSample, Submit, Withdraw
+from datavine.scheduler.speculation import IdleWorker, Lanes, OutCall, choose, late
+from tests.test_run_state import CFG, Pool, of
+
+SPEC = replace(CFG, bundles_per_slot=2, speculation=True, speculation_after=2.0,
+               speculation_slack_s=0.2)
+ADDR = {"w1": "10.0.0.1:1", "w2": "10.0.0.2:1"}
+
+
+def plus(a: int, b: int) -> int:
+    return a + b
+
+
+# --- the pure decisions -----------------------------------------------------------------------
+def test_queued_calls_are_copied_first_then_the_latest_to_an_idle_worker_of_their_rack() -> None:
+    out = [OutCall(1, "w1", False, 0.0, 0.1, "A"),  # late: 10 expected times
+           OutCall(2, "w1", True, None, 0.1, "A"),  # waits behind call 1
+           OutCall(3, "w3", False, 9.7, 0.1, "B"),  # on time
+           OutCall(4, "w3", False, 8.0, None, "B")]  # cost unknown: never late
+    idle = [IdleWorker("w2", "B", 1), IdleWorker("w4", "A", 1)]
+    chosen = choose(out, idle, 10.0, late_factor=2.0, late_slack_s=0.2)
+    assert [(c.call, w) for c, w in chosen] == [(2, "w4"), (1, "w2")]
+
+
+def test_a_copy_never_goes_to_its_own_worker_nor_beyond_the_idle_cores() -> None:
+    out = [OutCall(1, "w1", True, None, 1.0), OutCall(2, "w1", True, None, 2.0)]
+    assert choose(out, [IdleWorker("w1", None, 3)], 5.0, late_factor=2, late_slack_s=0) == []
+    chosen = choose(out, [IdleWorker("w2", None, 1)], 5.0, late_factor=2, late_slack_s=0)
+    assert [c.call for c, _ in chosen] == [2]  # the longer wait
+
+
+@given(st.floats(0.0, 100.0), st.floats(0.001, 10.0), st.floats(1.0, 5.0), st.floats(0, 1))
+def test_a_call_is_late_only_past_its_bound(began: float, expected: float, factor: float,
+                                            slack: float) -> None:
+    call = OutCall(1, "w1", False, began, expected)
+    bound = began + factor * expected + slack
+    assert not late(call, bound - 1e-6, factor, slack)
+    assert late(call, bound + 1e-3, factor, slack)
+    assert not late(replace(call, queued=True, began=None), bound + 1.0, factor, slack)
+
+
+def test_lanes_start_the_next_call_when_one_ends() -> None:
+    lanes = Lanes(lambda worker: 1)
+    lanes.place(1, "w1", 0.0)
+    lanes.place(2, "w1", 0.5)
+    assert lanes.began == {1: 0.0} and lanes.queued(2)
+    assert lanes.idle({"w1": None, "w2": "A"}) == [IdleWorker("w2", "A", 1)]
+    lanes.remove(1, 2.0)
+    assert lanes.began == {2: 2.0} and not lanes.queued(2)
+    lanes.place(2, "w2", 3.0)  # TaskVine moved it: it runs there now
+    assert lanes.on == {2: "w2"} and lanes.began == {2: 3.0} and "w1" not in lanes.lane
+
+
+# --- in the run's state machine -----------------------------------------------------------------
+def two_workers(dsk: dict[Any, Any], keys: list[Any], cfg: Any = SPEC) -> Pool:
+    pool = Pool(dsk, keys, cfg, cores=2)
+    topology = pool.state.learned.topology
+    for worker, addr in ADDR.items():
+        topology.announce(worker, None, 1)
+        topology.learn(worker, None, addr)
+    return pool
+
+
+def placed(pool: Pool, where: dict[int, str]) -> list[Any]:
+    """A look at the pool: each call runs on the worker named."""
+    return pool.step(PoolSample(pool.now, 2, 2, {c: "RUNNING" for c in pool.out},
+                                where={c: ADDR[w] for c, w in where.items()}))
+
+
+def test_a_call_waiting_behind_another_is_copied_to_an_idle_worker_and_counted_once() -> None:
+    pool = two_workers({("t", i): (plus, i, 10) for i in range(3)},
+                       [("t", i) for i in range(3)])
+    c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
+    placed(pool, {c1: "w1", c2: "w1", c3: "w2"})  # c2 waits in w1's library behind c1
+    pool.finish(c3, "w2")
+    (copy,) = of(Submit, pool.tick())  # w2 idles, nothing else to send: c2 gets a copy
+    keys = pool.out[c2].keys
+    assert copy.target.worker == "w2" and copy.keys == keys
+    out = pool.finish(copy.call, "w2")  # the copy comes first
+    assert of(Withdraw, out) == [Withdraw(c2, running=True)]
+    assert [d.keys for d in of(Deliver, out)] == [keys]
+    pool.out.pop(c2)  # cancelled: it never comes back
+    pool.finish(c1, "w1")
+    assert pool.state.finished
+    assert pool.state.results() == {("t", i): i + 10 for i in range(3)}
+    backups = pool.state.summary.backups
+    assert (backups.started, backups.queued, backups.won, backups.cancelled) == (1, 1, 1, 0)
+    assert pool.state.summary.tasks == 3
+    story = [s.detail for s in pool.state.story(keys[0])]
+    assert any("backup copy" in n and "came first" in n for n in story), story
+    pool.state.close()
+    pool.state.validate()
+
+
+def test_a_late_call_is_copied_and_the_copy_cancelled_when_the_first_comes_first() -> None:
+    pool = two_workers({"x": (plus, 1, 2)}, ["x"])
+    pool.state.learned.costs.observe("x", 1, 0.1)  # measured: 0.1 s
+    (first,) = of(Submit, pool.tick())
+    placed(pool, {first.call: "w1"})
+    assert of(Submit, pool.tick(0.2)) == []  # 0.3 s in: not late yet (bound 0.4 s)
+    (copy,) = of(Submit, pool.tick(0.5))  # 0.8 s in: late
+    assert copy.target.worker == "w2"
+    out = pool.finish(first.call, "w1")
+    assert of(Withdraw, out) == [Withdraw(copy.call, running=True)]
+    assert len(of(Deliver, out)) == 1
+    pool.out.pop(copy.call)
+    assert pool.state.finished and pool.state.results() == {"x": 3}
+    backups = pool.state.summary.backups
+    assert (backups.started, backups.late, backups.won, backups.cancelled) == (1, 1, 0, 1)
+    notes = [s.detail for s in pool.state.story("x")]
+    assert any("backup copy" in n and "cancelled" in n for n in notes), notes
+
+
+def test_a_copy_that_fails_is_dropped_and_its_first_copy_goes_on() -> None:
+    pool = two_workers({"x": (plus, 1, 2)}, ["x"])
+    pool.state.learned.costs.observe("x", 1, 0.1)
+    (first,) = of(Submit, pool.tick())
+    placed(pool, {first.call: "w1"})
+    (copy,) = of(Submit, pool.tick(1.0))
+    out = pool.finish(copy.call, "w2", BundleResult(Status.MEMORY, message="over its cap"))
+    assert not of(Fail, out) and not of(Withdraw, out)
+    assert pool.state.summary.retries == 0  # not the bundle's failure
+    pool.finish(first.call, "w1")
+    assert pool.state.finished and pool.state.results() == {"x": 3}
+    assert pool.state.summary.backups.failed == 1
+
+
+def test_no_copies_when_speculation_is_off() -> None:
+    pool = two_workers({("t", i): (plus, i, 10) for i in range(3)},
+                       [("t", i) for i in range(3)], replace(SPEC, speculation=False))
+    c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
+    placed(pool, {c1: "w1", c2: "w1", c3: "w2"})
+    pool.finish(c3, "w2")
+    assert of(Submit, pool.tick(5.0)) == []
+    assert pool.state.summary.backups.started == 0
