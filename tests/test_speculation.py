@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from datavine.io.shards import ShardMap
 from datavine.protocol import BundleResult, Status
 from datavine.scheduler.run_messages import Deliver, Fail, PoolSample, Submit, Withdraw
 from datavine.scheduler.speculation import IdleWorker, Lanes, OutCall, choose, late
@@ -123,6 +124,32 @@ def test_a_late_call_is_copied_and_the_copy_cancelled_when_the_first_comes_first
     assert (backups.started, backups.late, backups.won, backups.cancelled) == (1, 1, 0, 1)
     notes = [s.detail for s in pool.state.story("x")]
     assert any("backup copy" in n and "cancelled" in n for n in notes), notes
+
+
+def reads(path: str) -> int:
+    return len(path)
+
+
+def test_a_bundle_that_reads_a_file_is_copied_with_or_without_a_shard_map() -> None:
+    pool = two_workers({"x": (reads, "/data/f.root")}, ["x"])
+    pool.state.learned.costs.observe("x", 1, 0.1)
+    (first,) = of(Submit, pool.tick())
+    placed(pool, {first.call: "w1"})
+    (copy,) = of(Submit, pool.tick(1.0))
+    assert copy.spec.avoid == () and copy.target.worker == "w2"
+    pool.finish(copy.call, "w2")
+    assert pool.state.results() == {"x": len("/data/f.root")}
+
+
+def test_a_copy_reads_around_the_shard_its_first_copy_reads_from() -> None:
+    shards = ShardMap.from_urls(["root://xc-a:1094", "root://xc-b:1094"])
+    url = "root://redirector:1094//store/f.root"
+    pool = two_workers({"x": (reads, url)}, ["x"], replace(SPEC, shardmap=shards))
+    pool.state.learned.costs.observe("x", 1, 0.1)
+    (first,) = of(Submit, pool.tick())
+    placed(pool, {first.call: "w1"})
+    (copy,) = of(Submit, pool.tick(1.0))
+    assert first.spec.avoid == () and copy.spec.avoid == (shards.shard_for(url).name,)
 
 
 def test_a_copy_that_fails_is_dropped_and_its_first_copy_goes_on() -> None:

@@ -377,7 +377,11 @@ class RunState:
         return total
 
     def _files_rack(self, bundle: Bundle) -> str | None:
-        return self.dispatch.rack_now(bundle.files[0], self.now) if bundle.files else None
+        """The rack of the shard its first file is read from now (None: no files or no
+        shard map)."""
+        if not bundle.files or self.cfg.shardmap is None:
+            return None
+        return self.dispatch.rack_now(bundle.files[0], self.now)
 
     def _copy(self, chosen: OutCall, worker: str) -> None:
         """Send a copy of ``chosen``'s bundle to ``worker``, reading around the shards its
@@ -387,7 +391,8 @@ class RunState:
         categories = {k: graph.category(k) for k in bundle.keys}
         limits = {k: limit for k, c in categories.items()
                   if (limit := self.cfg.time_limit(c)) is not None}
-        shards = [self.dispatch.shard_now(f, self.now) for f in bundle.files]
+        shards = ([self.dispatch.shard_now(f, self.now) for f in bundle.files]
+                  if self.cfg.shardmap is not None else [])
         avoid = tuple(sorted({s.name for s in shards if s is not None and not s.is_origin}))
         plan = self.kept.plan(list(entry.plan.store), bundle.inputs)  # temps of its own
         spec = self._spec(bundle, plan, categories, limits, avoid)
