@@ -174,3 +174,15 @@ def test_no_copies_when_speculation_is_off() -> None:
     pool.finish(c3, "w2")
     assert of(Submit, pool.tick(5.0)) == []
     assert pool.state.summary.backups.started == 0
+
+
+def test_the_run_asks_for_a_look_at_its_tail_until_it_knows_where_its_calls_run() -> None:
+    pool = two_workers({("t", i): (plus, i, 10) for i in range(3)},
+                       [("t", i) for i in range(3)])
+    c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
+    assert pool.state.wants_look  # nothing more to send; where the calls run is unknown
+    placed(pool, {c1: "w1", c2: "w1", c3: "w2"})
+    assert not pool.state.wants_look
+    no_copies = two_workers({"x": (plus, 1, 2)}, ["x"], replace(SPEC, speculation=False))
+    no_copies.tick()
+    assert not no_copies.state.wants_look

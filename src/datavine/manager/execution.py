@@ -44,6 +44,7 @@ from datavine.worker import value_file
 Key = Hashable
 SALVAGE_S = 15.0  # at most this long fetching kept values after Ctrl-C
 REFRESH_S = 1.0  # how often the pool is sampled and the library's health is checked
+TAIL_LOOK_S = 0.02  # ... and at a run's tail, when the state wants to know where calls run
 
 
 class GraphRun:
@@ -85,7 +86,8 @@ class GraphRun:
                 while not state.finished:
                     now = self.clock()
                     events: list[Event] = []
-                    if now - last_sample >= REFRESH_S:
+                    since = now - last_sample
+                    if since >= REFRESH_S or (since >= TAIL_LOOK_S and state.wants_look):
                         events.append(self._sample(now))
                         last_sample = now
                     events.append(Tick(now, *self.pool))
