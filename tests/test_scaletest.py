@@ -133,6 +133,8 @@ def test_report_figures_and_failed_files() -> None:
     assert tl.khz == [1.0, 1.0, 0.0, 0.0]  # a's 1000 events over its first second
     assert tl.busy_workers == [1.0, 2.0, 1.0, 0.0]
     assert sum(tl.gbps) * tl.dt == pytest.approx(4_000_000 * 8 / 1e9)
+    assert report.busy_fraction == pytest.approx(2.0 / (2 * 1.5))  # 2 s of 2 x 1.5 s
+    assert "busy_fraction=0.667" in report.figures_line()
 
 
 def test_report_prefers_the_runtime_figures() -> None:

@@ -84,6 +84,7 @@ class ScaleReport:
     peak_memory_mb: float
     peak_memory_mb_per_worker: dict[str, float]
     timeline: Timeline
+    busy_fraction: float = 0.0  # cores busy from the first chunk's start to the last's end
     histogram: dict[str, list[float]] = field(default_factory=dict)
     setup_s: dict[str, float] = field(default_factory=dict)
     config: dict[str, JSON] = field(default_factory=dict)
@@ -108,6 +109,8 @@ class ScaleReport:
             f"  data rate   {self.gbps:.3f} Gbps ({self.bytes_read / 1e6:,.1f} MB compressed "
             "read)",
             f"  event rate  {self.khz:,.1f} kHz, {self.khz_per_core:,.1f} kHz per core",
+            f"  cores busy  {self.busy_fraction:.1%} of the time from the first chunk's start "
+            "to the last one's end",
             f"  memory      peak {self.peak_memory_mb:,.0f} MB per worker (largest)",
             f"  files       {self.files_processed} processed, {self.files_failed} failed",
         ]
@@ -120,7 +123,8 @@ class ScaleReport:
         return (f"gbps={self.gbps:.4f} events_per_s={self.events_per_s:.0f} "
                 f"khz_per_core={self.khz_per_core:.1f} files_processed={self.files_processed} "
                 f"files_failed={self.files_failed} peak_memory_mb={self.peak_memory_mb:.0f} "
-                f"workers={self.workers} cores={self.cores} wall_s={self.wall_s:.2f}")
+                f"workers={self.workers} cores={self.cores} wall_s={self.wall_s:.2f} "
+                f"busy_fraction={self.busy_fraction:.3f}")
 
 
 def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: float,
@@ -152,9 +156,20 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
         peak_memory_mb_per_worker=per_worker,
         timeline=build_timeline(records, t0=t0, wall_s=wall_s, summary=summary, bin_s=bin_s,
                                 workers=workers),
+        busy_fraction=busy_fraction(records, cores),
         histogram={"edges": tally.result.edges.tolist(),
                    "counts": tally.result.counts.tolist()},
         summary=_summary_dict(summary))
+
+
+def busy_fraction(records: Sequence[ChunkRecord], cores: int) -> float:
+    """The share of ``cores`` x (the first chunk's start to the last chunk's end) that chunks
+    ran (pure): 1.0 means no core idled between chunks, nor at a pass's end."""
+    spans = [(r.t_start, r.t_end) for r in records if r.t_end >= r.t_start]
+    if not spans or cores <= 0:
+        return 0.0
+    window = max(e for _, e in spans) - min(s for s, _ in spans)
+    return min(1.0, sum(e - s for s, e in spans) / (cores * window)) if window > 0 else 1.0
 
 
 def build_timeline(records: Sequence[ChunkRecord], *, t0: float, wall_s: float,
