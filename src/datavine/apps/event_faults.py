@@ -25,7 +25,6 @@ again). :mod:`tests.test_event_faults` asserts them; ``benchmarks/faults.py`` pr
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import time
 from collections.abc import Callable, Hashable
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from datavine.apps.faults import live_in_sessions, private_tmp, read_entries, wait_until_quiet
 from datavine.deploy.sessions import kill_session, signal_session
+from datavine.worker.value_file import ValueFile, ValueFileError
 
 if TYPE_CHECKING:
     from datavine.apps.analysis.agc import ChunkResult
@@ -103,18 +103,18 @@ TABLE_HEAD = ("| run | fault | injected | events / dataset | = fault-free | prog
 # --- the fault -------------------------------------------------------------------------------
 def holder(run_dir: Path, workers: int, keys: list[Key]) -> int | None:
     """The local worker (its index) that keeps a value of ``keys``: datavine writes a
-    bundle's kept values to one file (a pickled dict, key -> bytes) that TaskVine keeps as a
-    temp in the worker's cache (``worker-<i>/cache/temp-*`` in cctools 7.15)."""
+    bundle's kept values to one file (:mod:`datavine.worker.value_file`) that TaskVine keeps
+    as a temp in the worker's cache (``worker-<i>/cache/temp-*`` in cctools 7.15)."""
     wanted = set(keys)
     for index in range(workers):
         for path in sorted((run_dir / f"worker-{index}" / "cache").glob("temp-*")):
             if path.suffix == ".meta":
                 continue
             try:
-                held = pickle.loads(path.read_bytes())
-            except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+                held = ValueFile.open(str(path)).keys()
+            except (OSError, ValueFileError):
                 continue
-            if isinstance(held, dict) and wanted & set(held):
+            if wanted & set(held):
                 return index
     return None
 
