@@ -40,6 +40,7 @@ from datavine.scheduler.run_messages import (
 from datavine.scheduler.run_state import TASK_READY, RunState
 from datavine.scheduler.summary import network_line
 from datavine.worker import value_file
+from datavine.worker.payload import BundleEncoder
 
 Key = Hashable
 SALVAGE_S = 15.0  # at most this long fetching kept values after Ctrl-C
@@ -64,6 +65,7 @@ class GraphRun:
         self.tasks: dict[int, int] = {}  # the state's call -> TaskVine task id
         self.calls: dict[int, int] = {}  # TaskVine task id -> call
         self.temps: dict[int, object] = {}  # the state's temp -> TaskVine file
+        self.encoder = BundleEncoder()  # the run's functions pickled once (worker/payload.py)
         self.progress = RunProgress(len(graph), enabled=cfg.progress)
         self.bytes_at_start = rt.file_bytes()
         self.library = ""
@@ -169,7 +171,7 @@ class GraphRun:
             if temp not in self.temps:
                 self.temps[temp] = self.rt.declare_temp()
         task = self.rt.submit_bundle(
-            self.rt.dumps(ins.spec.encode()), ins.cap_mb, ins.preload, ins.limit_s,
+            self.encoder.dumps(ins.spec.encode()), ins.cap_mb, ins.preload, ins.limit_s,
             list(ins.features),
             fetch={name: self.temps[t] for name, t in ins.fetch.items()},
             store={name: self.temps[t] for name, t in ins.store.items()})

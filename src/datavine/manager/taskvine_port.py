@@ -8,6 +8,12 @@ what a run drives); the library is installed, its instances stopped, warm-up cal
 environment's staging task sent (for :mod:`datavine.manager.library`); the worker list and
 counters are read (for :mod:`datavine.manager.worker_watch`). It decides nothing: when to
 install, restart or warm up, and which workers left, are the callers'.
+
+A bundle's call is made with TaskVine's C functions directly (:class:`BundleCalls`), not with
+the bindings' ``FunctionCall``: a task, its argument buffer, its features and files, and no
+output file. The library writes the call's result as the call's standard output
+(:data:`REPLY_FILE`), which the worker sends with its completion message (at most 1 KB
+inline, else at the manager's request), so that no result file is fetched and unlinked.
 """
 
 from __future__ import annotations
@@ -21,18 +27,19 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import cast
+from typing import Protocol, cast
 
 import cloudpickle
 
 from datavine.config import ManagerConfig
 from datavine.errors import ManagerStartError, TaskvineMissingError
+from datavine.manager.bundle_calls import BundleCalls, Ended, Flags, VineC
 from datavine.manager.environment import PackedEnv, declare_environment_files, use_environment
 from datavine.manager.listen import contact_host, listen_address, listening_on
 from datavine.manager.port import Finished
 from datavine.manager.taskvine_types import VineFile, VineManager, VineTask
 from datavine.scheduler.labels import worker_feature
-from datavine.worker import remote
+from datavine.worker import payload, remote
 
 # TaskVine settings of every datavine manager (benchmarks/README.md, faults and workers):
 # - transient-error-interval: TaskVine takes a file it sent as stored before the worker
@@ -41,6 +48,8 @@ from datavine.worker import remote
 # (max-retrievals -1, every waiting result in one wait cycle, was tried for the workers
 # benchmark: within its run-to-run noise, so left at TaskVine's default.)
 MANAGER_TUNES = {"transient-error-interval": 2}
+# where a call's standard output is in its sandbox (vine_process.c): a bundle's result
+REPLY_FILE = ".taskvine.stdout"
 
 
 def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
@@ -171,6 +180,43 @@ def quiet_debug_log() -> None:
         set_flag(flag)
 
 
+class _VineObject(Protocol):
+    """A file of the bindings' (``ndcctools.taskvine.File``): its C pointer."""
+
+    @property
+    def _file(self) -> object: ...
+
+
+class _ManagerInside(Protocol):
+    """What the port reads inside the bindings' ``Manager``: its C pointer, and its table
+    of the tasks submitted through the bindings (``Manager.wait`` takes them out of it)."""
+
+    @property
+    def _taskvine(self) -> object: ...
+
+    @property
+    def _task_table(self) -> dict[int, object]: ...
+
+
+def finished(ended: Ended) -> Finished:
+    """A bundle's call that TaskVine returned, as a run reads it: the library's reply, or
+    why there is none (pure)."""
+    if ended.ok:
+        try:
+            output = payload.read_reply(ended.reply)
+        except Exception as exc:  # an empty or cut reply: another datavine, or none sent
+            why = (f"no result from the library on {ended.hostname} ({exc}): does the worker "
+                   "run the same datavine as the manager?")
+        else:
+            if isinstance(output, dict):
+                return Finished(ended.id, output, ended.addrport)
+            why = f"the library on {ended.hostname} replied a {type(output).__name__}"
+    else:
+        why = (f"TaskVine result {ended.result!r} on {ended.hostname} "
+               f"(exit {ended.exit_code})")
+    return Finished(ended.id, None, ended.addrport, why)
+
+
 @dataclass
 class TaskDone:
     """A task of the manager's own (a warm-up call, the environment's staging task) that
@@ -222,8 +268,14 @@ class TaskVinePort:
         for name, value in {**MANAGER_TUNES,
                             **silence_tunes(manager_config.worker_timeout_s)}.items():
             self.manager.tune(name, value)
-        self._calls: dict[int, VineTask] = {}  # bundles' calls in TaskVine, by task id
-        self._call_class = in_memory_calls(self.vine)
+        cvine = self.vine.cvine
+        # the C functions themselves (the module cvine wraps each in a Python function)
+        self._c = cast(VineC, getattr(cvine, "_cvine", cvine))
+        self._bundles = BundleCalls(
+            self._c, self._inside._taskvine,
+            Flags(cvine.VINE_CACHE_LEVEL_TASK, cvine.VINE_TRANSFER_ALWAYS,
+                  cvine.VINE_RESULT_SUCCESS), "run_bundle")
+        self._call_class = in_memory_calls(self.vine)  # the warm-up calls'
         self.library: str | None = None  # the installed library's name: bundles call it
 
     @property
@@ -232,6 +284,10 @@ class TaskVinePort:
         if self._manager is None:
             raise RuntimeError(f"the TaskVine manager of {self.info_dir} is closed")
         return self._manager
+
+    @property
+    def _inside(self) -> _ManagerInside:
+        return cast(_ManagerInside, self.manager)
 
     @property
     def port(self) -> int:
@@ -245,6 +301,7 @@ class TaskVinePort:
     def close(self) -> None:
         """Shut the manager down now (not whenever the garbage collector gets to it)."""
         manager, self._manager = self._manager, None
+        self._bundles.forget()  # the manager frees what it still holds
         if manager is not None:
             manager._free()  # the only way to delete a TaskVine manager deterministically
 
@@ -279,49 +336,41 @@ class TaskVinePort:
         Returns its id."""
         if self.library is None:
             raise RuntimeError("no datavine library is installed: install_library() first")
-        call = self._call_class(self.library, "run_bundle", payload, cap_mb, preload, limit_s)
-        call.set_cores(1)
-        for name, file in (fetch or {}).items():
-            call.add_input(file, name)
-        for name, file in (store or {}).items():
-            call.add_output(file, name)
-        for feature in features:
-            call.add_feature(feature)
-        task_id = int(self.manager.submit(call))
-        self._calls[task_id] = call
-        return task_id
+        # what the library's function is called with (poncho reads it from the call's
+        # infile): plain data, the bundle is bytes already, so pickle's C pickler
+        event = {"fn_args": (payload, cap_mb, preload, limit_s, REPLY_FILE), "fn_kwargs": {}}
+        return self._bundles.submit(
+            self.library, pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL), features,
+            {name: cast(_VineObject, file)._file for name, file in (fetch or {}).items()},
+            {name: cast(_VineObject, file)._file for name, file in (store or {}).items()})
 
     def wait(self, timeout_s: int) -> Finished | None:
         """The next bundle call that finished within ``timeout_s``, or None. Calls of an
-        earlier run (cancelled, abandoned) that come back are dropped here."""
-        task = self.manager.wait(timeout_s)
+        earlier run (cancelled, abandoned) that come back are dropped here, and so are the
+        manager's own tasks (warm-up calls) that end meanwhile."""
+        task = self._c.vine_wait_for_tag(self._inside._taskvine, None, timeout_s)
         if task is None:
             return None
-        call = self._calls.pop(task.id, None)
-        if call is None:
+        ended = self._bundles.take(task)
+        if ended is None:
+            self._bindings_task(task)
             return None
-        output = call.output if task.successful() else None
-        if isinstance(output, dict):
-            return Finished(task.id, output, task.addrport)
-        host = getattr(task, "hostname", None) or "?"
-        why = (f"{type(output).__name__} on {host}: {task.result}"
-               if isinstance(output, Exception) else
-               f"TaskVine result {task.result!r} on {host} (exit {task.exit_code})")
-        return Finished(task.id, None, task.addrport, why)
+        return None if ended.withdrawn else finished(ended)
 
     def cancel(self, task_id: int) -> None:
         """Withdraw a call that is not running (see :meth:`remove_library` for running)."""
-        self.manager.cancel_by_task_id(task_id)
-        self._calls.pop(task_id, None)
+        self._bundles.cancel(task_id)
 
     def call_state(self, task_id: int) -> str:
         """TaskVine's state of a call: READY (waiting), RUNNING, ... ('' once it is gone)."""
-        call = self._calls.get(task_id)
-        return str(call.state) if call is not None else ""
+        return self._bundles.state(task_id)
+
+    def call_states(self, task_ids: Collection[int]) -> dict[int, str]:
+        """:meth:`call_state` of several calls, in one go."""
+        return self._bundles.states(task_ids)
 
     def call_worker(self, task_id: int) -> str | None:
-        call = self._calls.get(task_id)
-        return call.addrport if call is not None else None
+        return self._bundles.worker(task_id)
 
     def declare_temp(self) -> object:
         """A TaskVine temp file: made by a call, kept in its worker's cache."""
@@ -442,13 +491,27 @@ class TaskVinePort:
     def wait_task(self, timeout_s: int, mine: Collection[int] = ()) -> TaskDone | None:
         """The next task that finished within ``timeout_s`` (any task: it also accepts
         connecting workers), or None; the output is loaded for the ids in ``mine`` only."""
-        task = self.manager.wait(timeout_s)
+        pointer = self._c.vine_wait_for_tag(self._inside._taskvine, None, timeout_s)
+        if pointer is None:
+            return None
+        ended = self._bundles.take(pointer)
+        if ended is not None:  # a bundle's call of a run that is over: its answer is dropped
+            return TaskDone(ended.id, ended.ok, None, ended.addrport, ended.result,
+                            ended.exit_code)
+        task = self._bindings_task(pointer)
         if task is None:
             return None
         ok = bool(task.successful())
         output = task.output if ok and task.id in mine else None
         return TaskDone(task.id, ok, output, getattr(task, "addrport", None),
                         task.result, task.exit_code)
+
+    def _bindings_task(self, pointer: object) -> VineTask | None:
+        """The bindings' object of a task ``vine_wait`` returned (a warm-up call, the
+        environment's staging task), taken out of their table as ``Manager.wait`` does; it
+        frees the task when it is dropped."""
+        task_id = self._c.vine_task_get_id(pointer)
+        return cast("VineTask | None", self._inside._task_table.pop(task_id, None))
 
     def cancel_task(self, task_id: int) -> None:
         """Cancel a task of the manager's own (a warm-up call); errors are ignored."""

@@ -31,6 +31,7 @@ import cloudpickle
 from datavine.io.reading import is_input_error, reading, shard_health
 from datavine.protocol import BundleResult, BundleSpec, Key, ProtocolError, ReadRecordDict, Status
 from datavine.scheduler import labels
+from datavine.worker import payload as payload_codec
 from datavine.worker import value_file
 from datavine.worker.alarm import alarm
 
@@ -87,11 +88,15 @@ def _started_by_worker() -> bool:
 
 
 def run_bundle(payload: bytes, cap_mb: float | None = None,
-               preload: tuple[str, ...] = (), limit_s: float | None = None) -> dict[str, object]:
+               preload: tuple[str, ...] = (), limit_s: float | None = None,
+               reply_file: str | None = None) -> dict[str, object]:
     """Run one bundle; the entry point registered in the TaskVine library. Returns the
-    encoded :class:`datavine.protocol.BundleResult`.
+    encoded :class:`datavine.protocol.BundleResult`, and writes it to ``reply_file`` too
+    when one is named (the call's standard output, which the worker sends to the manager:
+    :func:`reply`).
 
-    ``payload`` is the cloudpickled, encoded :class:`datavine.protocol.BundleSpec`.
+    ``payload`` is the pickled, encoded :class:`datavine.protocol.BundleSpec`
+    (:mod:`datavine.worker.payload`).
     ``cap_mb``: the memory cap of the whole bundle, or None to run it here, in the library
     process. ``preload``: modules to import into the library first, so that the children it
     forks find them loaded. ``limit_s``: the sum of the bundle's task time limits (the
@@ -139,7 +144,27 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
             shard_health().mark_failed(result.server, time.monotonic())
     else:
         result = dataclasses.replace(execute_payload(payload), peak_mb=_peak_rss_mb())
-    return _stamp(result, started).encode()
+    return reply(_stamp(result, started).encode(), reply_file)
+
+
+def reply(record: dict[str, object], reply_file: str | None) -> dict[str, object]:
+    """Write a call's encoded result to ``reply_file`` in the call's sandbox (none: nothing),
+    as :func:`datavine.worker.payload.reply_text`; one over TaskVine's limit becomes an error
+    that says so. Returns ``record``. A sandbox that is gone (the call was cancelled) is
+    left so: nobody waits for that result."""
+    if reply_file is None:
+        return record
+    text = payload_codec.reply_text(record)
+    if len(text) > payload_codec.REPLY_MAX:
+        text = payload_codec.reply_text(dataclasses.replace(
+            BundleResult.decode(record), status=Status.ERROR, values={}, stored={},
+            message=f"the bundle's results take {len(text) / 2**20:,.0f} MiB as a reply, "
+                    f"over TaskVine's {payload_codec.REPLY_MAX / 2**20:,.0f} MiB: keep large "
+                    "values on workers (RunConfig.keep_on_workers) or make them "
+                    "smaller").encode())
+    with contextlib.suppress(OSError), open(reply_file, "wb") as f:
+        f.write(text)
+    return record
 
 
 def execute_payload(payload: bytes, cwd: str | None = None) -> BundleResult:
@@ -149,7 +174,7 @@ def execute_payload(payload: bytes, cwd: str | None = None) -> BundleResult:
     if cwd is not None:
         os.chdir(cwd)
     try:
-        data = cloudpickle.loads(payload)
+        data = payload_codec.decode(payload)
     except BaseException as exc:
         return BundleResult(Status.LOAD, message=f"{type(exc).__name__}: {exc}",
                             traceback=traceback.format_exc())
