@@ -168,13 +168,40 @@ Record = TypeVar("Record", BundleSpec, BundleResult)
 
 def _encode(record: BundleSpec | BundleResult) -> dict[str, object]:
     out: dict[str, object] = {"protocol": PROTOCOL}
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
-        out[f.name] = str(value) if isinstance(value, enum.Enum) else value
+    for name, _, _ in _plan(type(record))[1]:
+        value = getattr(record, name)
+        out[name] = str(value) if isinstance(value, enum.Enum) else value
     return out
 
 
 def _decode(cls: type[Record], data: object, what: str) -> Record:
+    """The record of type ``cls`` in ``data``, checked (see the module docstring) in one pass
+    over precomputed checks; what is wrong is named by :func:`_refuse`."""
+    names, fields = _plan(cls)
+    if not (isinstance(data, Mapping) and data.get("protocol") == PROTOCOL
+            and data.keys() == names):
+        _refuse(cls, data, what)
+    assert isinstance(data, Mapping)  # _refuse raised otherwise
+    values: dict[str, Any] = {}  # the fields' values, checked: cls(**values) takes them
+    for name, convert, check in fields:
+        value = data[name]
+        if convert is not None:
+            try:
+                value = convert(value)
+            except ValueError:
+                known = ", ".join(str(m.value) for m in convert)
+                raise ProtocolError(f"{what}: field {name!r} is {value!r}, not one of {known} "
+                                    f"(protocol {PROTOCOL})") from None
+        elif not check(value):
+            raise ProtocolError(f"{what}: field {name!r} is {_shown(value)}, not "
+                                f"{_type_name(_hints(cls)[name])} (protocol {PROTOCOL})")
+        values[name] = value
+    return cls(**values)
+
+
+def _refuse(cls: type, data: object, what: str) -> None:
+    """Raise ProtocolError naming why ``data`` is not a record of ``cls`` as this side
+    reads it: not a mapping, no or another protocol version, a field unknown or missing."""
     if not isinstance(data, Mapping):
         raise ProtocolError(f"{what} is a {type(data).__name__}, not a record of protocol "
                             f"{PROTOCOL}")
@@ -191,26 +218,31 @@ def _decode(cls: type[Record], data: object, what: str) -> Record:
     for name in data:
         if name != "protocol" and name not in hints:
             raise ProtocolError(f"{what} has unknown field {name!r} (protocol {PROTOCOL})")
-    values: dict[str, Any] = {}  # the fields' values, checked: cls(**values) takes them
-    for name, hint in hints.items():
+    for name in hints:
         if name not in data:
             raise ProtocolError(f"{what} lacks field {name!r} (protocol {PROTOCOL})")
-        value = data[name]
-        if isinstance(hint, type) and issubclass(hint, enum.Enum):
-            try:
-                value = hint(value)
-            except ValueError:
-                known = ", ".join(str(m.value) for m in hint)
-                raise ProtocolError(f"{what}: field {name!r} is {value!r}, not one of {known} "
-                                    f"(protocol {PROTOCOL})") from None
-        elif not _fits(value, hint):
-            raise ProtocolError(f"{what}: field {name!r} is {_shown(value)}, not "
-                                f"{_type_name(hint)} (protocol {PROTOCOL})")
-        values[name] = value
-    return cls(**values)
 
 
 _HINTS: dict[type, dict[str, object]] = {}
+# per field: its name, the enum that converts it (None: not an enum) and its type's check
+_Field = tuple[str, type[enum.Enum] | None, "Check"]
+
+
+_PLANS: dict[type, tuple[frozenset[str], tuple[_Field, ...]]] = {}
+
+
+def _plan(cls: type) -> tuple[frozenset[str], tuple[_Field, ...]]:
+    """The keys of an encoded record of ``cls`` and how each field is checked (built once:
+    a result is decoded for every bundle)."""
+    if cls not in _PLANS:
+        fields: list[_Field] = []
+        for name, hint in _hints(cls).items():
+            if isinstance(hint, type) and issubclass(hint, enum.Enum):
+                fields.append((name, hint, _anything))
+            else:
+                fields.append((name, None, _checker(hint)))
+        _PLANS[cls] = frozenset(["protocol", *(name for name, _, _ in fields)]), tuple(fields)
+    return _PLANS[cls]
 
 
 def _hints(cls: type) -> dict[str, object]:
@@ -231,6 +263,10 @@ def _fits(value: object, hint: object) -> bool:
 Check = Callable[[object], bool]
 
 
+def _anything(value: object) -> bool:
+    return True
+
+
 @functools.cache
 def _checker(hint: object) -> Check:
     """The test of :func:`_fits` for ``hint``, built once per type: a result is checked
@@ -245,6 +281,9 @@ def _build_checker(hint: object) -> Check:
         return lambda value: value is None
     origin, args = get_origin(hint), get_args(hint)
     if origin in (Union, types.UnionType):
+        if type(None) in args:  # an optional: None, else the rest
+            rest = _checker(Union[tuple(a for a in args if a is not type(None))])  # noqa: UP007
+            return lambda value: value is None or rest(value)
         options = tuple(_checker(arg) for arg in args)
         return lambda value: any(check(value) for check in options)
     if hint is float:
