@@ -26,6 +26,7 @@ __all__ = ["ANY_HOST", "ConfigError", "LocalWorkersConfig", "ManagerConfig", "Ru
 
 ANY_HOST = "0.0.0.0"  # ManagerConfig.listen_host for every interface
 ANY_HOSTS = frozenset({ANY_HOST, "::", "*"})
+UNCAPPED_CACHE_MB = 1024.0  # RunConfig.column_cache_mb of uncapped bundles, when None
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,17 @@ class RunConfig:
             ``speculation_slack_s``, gets a copy on the idle core (reading through the next
             shard in line); the first result wins, the other copy is cancelled. Counted in
             the run summary (``backups``).
+        column_cache: workers keep the columns they decoded (:mod:`datavine.io.column_cache`),
+            across bundles and runs of the cluster, and placement prefers the worker that
+            holds a file's columns; reads through :func:`datavine.io.cached_arrays.read_arrays`
+            (the AGC path, coffea's ``DatavineSource``) use it. Hits are in
+            ``last_summary.cache``; ``cluster.drop_caches()`` empties the caches.
+        column_cache_share: the cache's bound in a capped bundle, as a share of the
+            bundle's memory cap (the cache is counted inside the cap; < 0.8, the share of the
+            cap a capped child may hold idle).
+        column_cache_mb: an upper bound in MB on every worker process's cache (``None``: the
+            share alone), and the bound of uncapped bundles' caches (``memory=None``:
+            ``UNCAPPED_CACHE_MB`` when ``None``).
     """
 
     max_retries: int = 3
@@ -188,6 +200,19 @@ class RunConfig:
     speculation: bool = True
     speculation_after: float = 2.0
     speculation_slack_s: float = 0.2
+    column_cache: bool = True
+    column_cache_share: float = 0.5
+    column_cache_mb: float | None = None
+
+    def column_cache_budget_mb(self, cap_mb: float | None) -> float:
+        """The column cache's bound (MB) for a bundle under ``cap_mb`` (None: uncapped)."""
+        if not self.column_cache:
+            return 0.0
+        if cap_mb is None or cap_mb <= 0:
+            return float(self.column_cache_mb if self.column_cache_mb is not None
+                         else UNCAPPED_CACHE_MB)
+        share = self.column_cache_share * cap_mb
+        return share if self.column_cache_mb is None else min(share, self.column_cache_mb)
 
     def time_limit(self, category: str) -> float | None:
         """The time limit of a task of ``category``, or None."""
@@ -215,6 +240,12 @@ class RunConfig:
         if self.max_library_failures < 1:
             raise ConfigError("RunConfig.max_library_failures must be >= 1, got "
                               f"{self.max_library_failures}")
+        if not 0 <= self.column_cache_share < 0.8:
+            raise ConfigError("RunConfig.column_cache_share must be in [0, 0.8), got "
+                              f"{self.column_cache_share}")
+        if self.column_cache_mb is not None and self.column_cache_mb < 0:
+            raise ConfigError(f"RunConfig.column_cache_mb must be >= 0, got "
+                              f"{self.column_cache_mb}")
 
     def replace(self, **changes: Unpack[RunChanges]) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -248,6 +279,9 @@ class RunChanges(TypedDict, total=False):
     speculation: bool
     speculation_after: float
     speculation_slack_s: float
+    column_cache: bool
+    column_cache_share: float
+    column_cache_mb: float | None
 
 
 def check_counts(owner: str, counts: Mapping[str, object], *, minimum: int = 1,

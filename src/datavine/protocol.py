@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import (
     Any,
     ClassVar,
+    NotRequired,
     TypedDict,
     TypeVar,
     Union,
@@ -41,7 +42,7 @@ from typing import (
 
 from datavine.errors import DatavineError
 
-PROTOCOL = 2  # bumped whenever a field of BundleSpec or BundleResult changes
+PROTOCOL = 3  # bumped whenever a field of BundleSpec or BundleResult changes
 
 
 class ProtocolError(DatavineError):
@@ -75,6 +76,11 @@ class ReadRecordDict(TypedDict):
     bytes: int
     failovers: int
     errors: tuple[tuple[str, str], ...]
+    # the worker's column cache (datavine.io.column_cache), protocol 3: decoded bytes served
+    # from it and decoded from the file; ``dropped``: the file's columns all left it
+    cached: NotRequired[int]
+    decoded: NotRequired[int]
+    dropped: NotRequired[bool]
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,11 @@ class BundleSpec:
     # shards this copy reads around (their next in line serves it): a backup copy of a
     # straggler does not wait on the shard its first copy may be slow on
     avoid: tuple[str, ...] = ()
+    # the worker's column cache (datavine.io.column_cache), protocol 3: its bound for this
+    # bundle (MB, a share of the bundle's cap; 0: keep nothing) and the cluster's cache
+    # epoch (a newer one empties it: cluster.drop_caches())
+    cache_mb: float = 0.0
+    cache_epoch: int = 0
 
     what: ClassVar[str] = "bundle spec"
 

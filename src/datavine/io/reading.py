@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from datavine.io import column_cache
 from datavine.io.shards import ShardHealth, ShardMap
 from datavine.io.source.base import (
     UNSHARDED,
@@ -47,6 +48,8 @@ from datavine.protocol import ReadRecordDict
 
 if TYPE_CHECKING:  # uproot ships no types: to mypy these are Any
     import uproot
+
+MEMORY = "memory"  # a read record's server for columns served by the column cache alone
 
 __all__ = [
     "Opened", "ReadContext", "ReadRecord", "current", "is_input_error", "open_input",
@@ -68,11 +71,17 @@ class ReadRecord:
     bytes: int
     failovers: int = 0
     errors: tuple[tuple[str, str], ...] = ()
+    # the column cache (datavine.io.column_cache): decoded bytes served from this process's
+    # memory and decoded from the file; the file's columns all left the cache
+    cached: int = 0
+    decoded: int = 0
+    dropped: bool = False
 
     def as_dict(self) -> ReadRecordDict:
         """The record as a bundle's result carries it (``dataclasses.asdict``, typed)."""
         return ReadRecordDict(lfn=self.lfn, server=self.server, rack=self.rack,
-                              bytes=self.bytes, failovers=self.failovers, errors=self.errors)
+                              bytes=self.bytes, failovers=self.failovers, errors=self.errors,
+                              cached=self.cached, decoded=self.decoded, dropped=self.dropped)
 
 
 class Opened(NamedTuple):
@@ -95,15 +104,51 @@ class ReadContext:
     health: ShardHealth = field(default_factory=ShardHealth)
     opened: list[Opened] = field(default_factory=list)
     avoid: frozenset[str] = frozenset()  # shards this bundle reads around (BundleSpec.avoid)
+    # column cache use by logical file name: [decoded bytes served from it, decoded from files]
+    cache_use: dict[str, list[int]] = field(default_factory=dict)
+    pieces: set[str] = field(default_factory=set)  # entry ranges read through the cache
 
     def add(self, handle: object, record: OpenRecord) -> None:
         self.opened.append(Opened(handle, record.lfn, record.server, record.rack,
                                   record.failovers, record.errors))
 
+    def note_cache(self, lfn: str, cached: int, decoded: int, piece: str | None = None) -> None:
+        """A read of ``lfn`` (of its entry range ``piece``,
+        :func:`datavine.io.column_cache.piece_name`) took ``cached`` decoded bytes from the
+        column cache and decoded ``decoded`` bytes from the file."""
+        use = self.cache_use.setdefault(lfn, [0, 0])
+        use[0] += cached
+        use[1] += decoded
+        if piece is not None:
+            self.pieces.add(piece)
+
     def records(self) -> list[ReadRecord]:
-        """The reads so far, with the bytes each file's source was asked for."""
-        return [ReadRecord(o.lfn, o.server, o.rack, bytes_requested(o.handle), o.failovers,
-                           o.errors) for o in self.opened]
+        """The reads so far, with the bytes each file's source was asked for; the column
+        cache's use is on each file's first open, and a file read from the cache alone has
+        a record of server ``"memory"``. So has each entry range read through the cache that
+        this process now holds (its ``lfn`` the piece's name,
+        :func:`datavine.io.column_cache.piece_name`, and a marker of its file's,
+        :func:`~datavine.io.column_cache.marker_name`: what placement learns a worker holds),
+        each piece or marker whose columns all left the cache (``dropped``), and the cache's
+        generation (``@cache/PID/TIME``: a new one on a worker holds nothing reported before)."""
+        out, noted = [], set()
+        for o in self.opened:
+            cached, decoded = (self.cache_use.get(o.lfn, (0, 0)) if o.lfn not in noted
+                               else (0, 0))
+            noted.add(o.lfn)
+            out.append(ReadRecord(o.lfn, o.server, o.rack, bytes_requested(o.handle),
+                                  o.failovers, o.errors, cached, decoded))
+        out.extend(ReadRecord(lfn, MEMORY, None, 0, cached=use[0], decoded=use[1])
+                   for lfn, use in self.cache_use.items() if lfn not in noted)
+        cache = column_cache.cache()
+        held = sorted(p for p in self.pieces if cache.holds(p))
+        markers = {column_cache.marker_name(column_cache.file_of(p)) for p in held}
+        out.extend(ReadRecord(name, MEMORY, None, 0) for name in (*held, *sorted(markers)))
+        out.extend(ReadRecord(name, MEMORY, None, 0, dropped=True)
+                   for name in sorted(cache.take_dropped()))
+        if cache.max_bytes or cache.entries:  # which cache this is (a replaced one is cold)
+            out.append(ReadRecord(cache.generation, MEMORY, None, 0))
+        return out
 
     def shards_since(self, start: int = 0) -> list[str]:
         """Shards (not local files, direct URLs or the origin) opened after the first
@@ -137,10 +182,14 @@ def shard_health() -> ShardHealth:
 
 
 @contextlib.contextmanager
-def reading(shardmap: ShardMap | None, avoid: Iterable[str] = ()) -> Iterator[ReadContext]:
+def reading(shardmap: ShardMap | None, avoid: Iterable[str] = (), cache_mb: float = 0.0,
+            cache_epoch: int = 0) -> Iterator[ReadContext]:
     """Install a read context for the duration of one bundle; its opens try the shards
-    named in ``avoid`` last."""
+    named in ``avoid`` last. ``cache_mb``, ``cache_epoch``: the bundle's bound on this
+    process's column cache and the cluster's cache epoch
+    (:func:`datavine.io.column_cache.configure`)."""
     global _context
+    column_cache.configure(int(cache_mb * column_cache.MB), cache_epoch)
     previous = _context
     _context = ReadContext(shardmap, _health, avoid=frozenset(avoid))
     try:

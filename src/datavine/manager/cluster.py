@@ -217,6 +217,13 @@ class Cluster:
     def last_summary(self) -> RunSummary | None:
         return self._rt.last_summary
 
+    def drop_caches(self) -> None:
+        """Empty the workers' column caches (:mod:`datavine.io.column_cache`) for a cold
+        measurement: each worker empties its cache before its next bundle of the next run
+        (the bundles carry a new cache epoch), and placement counts no worker as holding a
+        file's columns."""
+        self._rt.learned.topology.drop_caches()
+
     def story(self, what: Hashable) -> list[Step]:
         """What happened in the last run to a task (its dask key) or a bundle (its number):
         each step with its time -- sent where, running on which worker, retried why, failed

@@ -23,6 +23,7 @@ from collections.abc import Hashable
 from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.held import Held, HeldBundles
+from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
 from datavine.scheduler.topology import Target, Topology
 
@@ -151,9 +152,11 @@ class Dispatcher:
             return held.task, held.home
         lfns = tuple(dict.fromkeys(logical_name(f) for f in bundle.files))
         shards = {f: self.shard_now(f, now) for f in lfns} if self.shardmap else {}
+        nodes = self.planner.graph.nodes  # the ranges workers' column caches hold
+        pieces = tuple(dict.fromkeys(p for k in bundle.keys for p in task_pieces(nodes[k])))
         task = TaskInputs(lfns, {f: s.rack if s else None for f, s in shards.items()},
                           {f: self.topology.shard_host(s) if s else None
-                           for f, s in shards.items()})
+                           for f, s in shards.items()}, pieces)
         home = task.home_rack()
         if held is not None:
             held.task, held.home, held.built = task, home, built

@@ -5,7 +5,9 @@ shard sits on a host (the host in its URL) in a rack (see :mod:`datavine.io.shar
 worker is *near* a task when, best first,
 
 1. it has already read one of the task's files (its node cache or page cache has it:
-   ``CACHED``),
+   ``CACHED``); when the worker keeps decoded columns (:mod:`datavine.io.column_cache`) and
+   the task names its entry range (``TaskInputs.pieces``), only a worker holding that range
+   is ``CACHED`` for the file,
 2. it runs on the host of the shard that holds a file (the read never leaves the host:
    ``HOST``), or
 3. it sits in the rack of that shard (no cross-switch traffic: ``RACK``);
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Literal
 
+from datavine.io.column_cache import file_of, marker_name
 from datavine.io.shards import ShardMap, logical_name
 from datavine.scheduler.racks import normal_host, url_host
 
@@ -68,6 +71,8 @@ class TaskInputs:
     files: tuple[str, ...]
     racks: Mapping[str, str | None] = field(default_factory=dict)
     hosts: Mapping[str, str | None] = field(default_factory=dict)
+    # the entry ranges of the files it reads (datavine.scheduler.pieces), if known
+    pieces: tuple[str, ...] = ()
 
     @classmethod
     def from_shardmap(cls, files: Iterable[str], shardmap: ShardMap,
@@ -162,13 +167,21 @@ def score(task: TaskInputs, worker: WorkerView) -> Score:
         through = shard_rack is None or shard_rack == rack
         if rack is not None and shard_rack == rack:
             in_rack += 1
-        if through and read and f in read:
+        if through and read and _holds(task.pieces, f, read):
             cached += 1
         if host is not None and (rack is None or through) and hosts.get(f) == host:
             on_host += 1
     tier = (Tier.CACHED if cached else Tier.HOST if on_host else Tier.RACK if in_rack
             else Tier.FAR)
     return _score(tier, cached, on_host, in_rack)
+
+
+def _holds(pieces: tuple[str, ...], lfn: str, read: AbstractSet[str]) -> bool:
+    """Whether a worker that read ``read`` holds the task's data of ``lfn``: one of its
+    pieces of it where the worker reports pieces of ``lfn`` (its column cache), else the file."""
+    if pieces and marker_name(lfn) in read:
+        return any(p in read for p in pieces if file_of(p) == lfn)
+    return lfn in read
 
 
 @functools.lru_cache(maxsize=4096)

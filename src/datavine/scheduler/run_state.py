@@ -325,7 +325,7 @@ class RunState:
                 and self.kept.worth_keeping(graph.output_kind(k), cfg.inline_max_bytes)
                 ] if cfg.keep_on_workers and self.learned.network.keep_on_workers else []
         plan = self.kept.plan(keep, bundle.inputs)
-        spec = self._spec(bundle, plan, categories, limits)
+        spec = self._spec(bundle, plan, categories, limits, cap_mb=cap_mb)
         call = next(self._calls)
         self._out.append(Submit(
             call, spec, cap_mb, self.preload, sum(limits.values()) if limits else None, target,
@@ -340,7 +340,8 @@ class RunState:
             self.summary.placement[counted_tier(placement, target)] += 1
 
     def _spec(self, bundle: Bundle, plan: Plan, categories: Mapping[Key, str],
-              limits: dict[Key, float], avoid: tuple[str, ...] = ()) -> BundleSpec:
+              limits: dict[Key, float], avoid: tuple[str, ...] = (),
+              cap_mb: float | None = None) -> BundleSpec:
         graph = self.graph
         return BundleSpec(
             nodes=[(k, graph.nodes[k]) for k in bundle.keys],
@@ -353,6 +354,8 @@ class RunState:
             shardmap=self.cfg.shardmap,
             limits=limits,
             avoid=avoid,
+            cache_mb=self.cfg.column_cache_budget_mb(cap_mb),  # io/column_cache.py
+            cache_epoch=self.learned.topology.cache_epoch,
         )
 
     # --- backup copies (scheduler/speculation.py) ---------------------------------------------
@@ -405,7 +408,7 @@ class RunState:
                   if self.cfg.shardmap is not None else [])
         avoid = tuple(sorted({s.name for s in shards if s is not None and not s.is_origin}))
         plan = self.kept.plan(list(entry.plan.store), bundle.inputs)  # temps of its own
-        spec = self._spec(bundle, plan, categories, limits, avoid)
+        spec = self._spec(bundle, plan, categories, limits, avoid, entry.cap_mb)
         topology = self.learned.topology
         target = topology.named(worker)
         call = next(self._calls)
@@ -717,6 +720,7 @@ class RunState:
                                             host=result.host or None)
         self.summary.add_reads(reads, result.rack)
         if known is not None:
+            self.learned.topology.held(known, reads)  # files its column cache dropped
             self._say(self.learned.network.reads(known.id, result.host, reads, self.now,
                                                  self.start))
         for r in reads:

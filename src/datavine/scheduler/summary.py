@@ -75,6 +75,23 @@ class Backups:
 
 
 @dataclass
+class CacheUse:
+    """The workers' column caches in a run (:mod:`datavine.io.column_cache`): decoded bytes
+    served from them (``hit_bytes``) and decoded from files (``miss_bytes``); files whose
+    columns all left a worker's cache (``dropped``)."""
+
+    hit_bytes: int = 0
+    miss_bytes: int = 0
+    dropped: int = 0
+
+    @property
+    def hit_fraction(self) -> float:
+        """The share of the decoded bytes the run read that came from the caches."""
+        total = self.hit_bytes + self.miss_bytes
+        return self.hit_bytes / total if total else 0.0
+
+
+@dataclass
 class RunSummary:
     """Figures for one ``get`` call.
 
@@ -91,7 +108,8 @@ class RunSummary:
     failed), stopped by restarting the library; ``recomputed``: tasks run again because
     values kept on a lost worker were needed; ``traffic``: where the values' bytes went;
     ``placement``: bundles that read files, by how near they were placed
-    (:data:`PLACEMENT_TIERS`); ``backups``: backup copies (:class:`Backups`).
+    (:data:`PLACEMENT_TIERS`); ``backups``: backup copies (:class:`Backups`); ``cache``:
+    the workers' column caches (:class:`CacheUse`).
     """
 
     tasks: int = 0
@@ -119,6 +137,7 @@ class RunSummary:
     # every bundle's phases and steps (scheduler/lifecycle.py: Lifecycle.to_dict)
     lifecycle: dict[str, Any] = field(default_factory=dict)
     backups: Backups = field(default_factory=Backups)
+    cache: CacheUse = field(default_factory=CacheUse)
 
     @property
     def tasks_per_s(self) -> float:
@@ -126,8 +145,14 @@ class RunSummary:
 
     def add_reads(self, reads: Iterable[Mapping[str, Any]], worker_rack: str | None) -> None:
         """Account a bundle's read records (see :class:`datavine.io.reading.ReadRecord`)."""
-        stats = self.reads
+        stats, cache = self.reads, self.cache
         for r in reads:
+            cache.hit_bytes += int(r.get("cached", 0))
+            cache.miss_bytes += int(r.get("decoded", 0))
+            if r.get("server") == "memory":  # the column cache alone: no file was opened
+                # a file's marker (datavine.io.column_cache.marker_name): its last piece left
+                cache.dropped += bool(r.get("dropped")) and str(r.get("lfn")).endswith("@*")
+                continue
             nbytes = int(r.get("bytes", 0))
             near = r.get("server") == "local" or (
                 worker_rack is not None and r.get("rack") == worker_rack)
@@ -171,6 +196,7 @@ class RunSummary:
             "network": [dict(n) for n in self.network],
             "lifecycle": self.lifecycle,
             "backups": asdict(self.backups),
+            "cache": {**asdict(self.cache), "hit_fraction": self.cache.hit_fraction},
         }
 
     def lines(self) -> list[str]:
@@ -195,6 +221,12 @@ class RunSummary:
                        f"{r.far_bytes / mb:,.1f} MB far ({r.near_fraction:.1%} near), "
                        f"{r.failovers} failovers")
             out.extend(f"    failover: {e}" for e in r.failover_errors[:5])
+        c = self.cache
+        if c.hit_bytes or c.miss_bytes:
+            mb = 2**20
+            out.append(f"  column cache: {c.hit_bytes / mb:,.1f} MB from workers' memory, "
+                       f"{c.miss_bytes / mb:,.1f} MB decoded ({c.hit_fraction:.1%} hits), "
+                       f"{c.dropped} files dropped")
         t = self.traffic
         if t.kept or t.manager:
             mb = 2**20

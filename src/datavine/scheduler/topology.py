@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from datavine.io.column_cache import GENERATION
 from datavine.io.shards import Shard
 from datavine.scheduler.gains import GainLog, WakeKey
 from datavine.scheduler.known_workers import KnownWorker, SeenWorker
@@ -113,6 +114,8 @@ class Topology:
         # other change that may let it run (a worker left or changed), the epoch.
         self.epoch = 0
         self.gains = GainLog()
+        self.cache_epoch = 0  # bumped by drop_caches: workers empty their column caches
+        self._cache_generation: dict[str, str] = {}  # worker -> its column cache's last
 
     # --- learning -----------------------------------------------------------------------
     def announce(self, worker_id: str, rack: str | None, cores: int,
@@ -212,6 +215,38 @@ class Topology:
                 self._readers[lfn].add(known.id)
                 self.gains.add((FILE, lfn))
 
+    def unread(self, known: KnownWorker, files: Iterable[str]) -> None:
+        """``known`` no longer holds ``files`` (its column cache dropped them): they stop
+        making it "cached" for them."""
+        for lfn in files:
+            if lfn in known.files_read:
+                known.files_read.discard(lfn)
+                _discard(self._readers, lfn, known.id)
+                self.epoch += 1  # a near set shrank
+
+    def held(self, known: KnownWorker, reads: Iterable[Mapping[str, object]]) -> None:
+        """Apply a bundle's read records' news of its worker's column cache
+        (:mod:`datavine.io.column_cache`): pieces and files whose columns were all dropped
+        there (``dropped``); a cache generation other than the one it reported before (its
+        library or capped child was replaced: a cold cache) drops every piece it held."""
+        dropped = [str(r["lfn"]) for r in reads if r.get("dropped")]
+        for r in reads:
+            name = str(r.get("lfn", ""))
+            if r.get("server") == "memory" and name.startswith(GENERATION):
+                dropped.append(name)  # a name, not a file
+                before = self._cache_generation.get(known.id)
+                if before is not None and before != name:
+                    dropped.extend(f for f in known.files_read if "@" in f)
+                self._cache_generation[known.id] = name
+        self.unread(known, dropped)
+
+    def drop_caches(self) -> None:
+        """Every worker is to empty its column cache (``cluster.drop_caches()``): the next
+        bundles carry the new ``cache_epoch``, and no worker counts as holding a file."""
+        self.cache_epoch += 1
+        for known in self.workers.values():
+            self.unread(known, list(known.files_read))
+
     def _mapped_rack(self, hostname: str | None, address: str | None) -> str | None:
         if self.racks is None:
             return None
@@ -239,6 +274,7 @@ class Topology:
     def forget(self, worker_id: str) -> KnownWorker | None:
         """Drop one worker (it left); returns what was known of it."""
         known = self._drop(worker_id)
+        self._cache_generation.pop(worker_id, None)
         if known is not None and known.addrport is not None:
             self._settled.discard(known.addrport)
             self.departed[known.addrport] = known.id  # a report names it once, not twice

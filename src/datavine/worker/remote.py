@@ -245,7 +245,8 @@ def execute_bundle(spec: BundleSpec) -> BundleResult:
         for dep in node.dependencies:
             uses[dep] += 1
     timing: dict[str, list[float]] = {}
-    with reading(cast("ShardMap | None", spec.shardmap), spec.avoid) as ctx:
+    with reading(cast("ShardMap | None", spec.shardmap), spec.avoid, spec.cache_mb,
+                 spec.cache_epoch) as ctx:
         result = _execute(spec.nodes, values, outputs, spec.categories, uses, timing,
                           spec.limits)
         if result.ok:

@@ -7,9 +7,12 @@ pT > 30 GeV and |eta| < 2.1. Observable: the invariant mass of the three-jet com
 the selected jets with the highest pT, among combinations holding at least one b-tagged jet
 (as the AGC does), in 25 bins from 50 to 550 GeV.
 
-Only the eleven branches the selection needs are read. Everything is vectorised with
-awkward; the combinatorics run on selected events only. :class:`ChunkResult` is what a task
-returns: small, picklable and merged with ``+``.
+Only the eleven branches the selection needs are read, through the process's column cache
+(:func:`datavine.io.cached_arrays.read_arrays`: inside a datavine run, a worker keeps the
+columns it decoded, and a rerun over the same files reads them from memory). The cuts are a
+:class:`Selection` (the AGC's by default): a rerun with other cuts reads the same branches.
+Everything is vectorised with awkward; the combinatorics run on selected events only.
+:class:`ChunkResult` is what a task returns: small, picklable and merged with ``+``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import awkward as ak
 import numpy as np
 import uproot
 
+from datavine.io.cached_arrays import read_arrays
 from datavine.io.reading import open_input
 
 EDGES = np.linspace(50.0, 550.0, 26)
@@ -40,6 +44,20 @@ BRANCHES = (
 # a path, a URL, or an open uproot file, directory or tree
 Source: TypeAlias = ("str | os.PathLike[str] | uproot.ReadOnlyFile | uproot.ReadOnlyDirectory"
                      " | uproot.TTree")
+
+
+class Selection(NamedTuple):
+    """The cuts (GeV for transverse momenta): the AGC's by default."""
+
+    jet_pt: float = JET_PT
+    jet_eta: float = JET_ETA
+    btag: float = BTAG
+    lepton_pt: float = LEPTON_PT
+    lepton_eta: float = LEPTON_ETA
+    electron_tight: int = ELECTRON_TIGHT
+
+
+AGC = Selection()
 
 
 class Chunk(NamedTuple):
@@ -106,60 +124,50 @@ class ChunkResult:
 
 
 def process_chunk(source: Source, entry_start: int | None = None,
-                  entry_stop: int | None = None, tree: str = "Events") -> ChunkResult:
+                  entry_stop: int | None = None, tree: str = "Events",
+                  selection: Selection = AGC) -> ChunkResult:
     """Run the selection over entries ``[entry_start, entry_stop)`` of ``source``'s tree.
 
     ``source`` is a local path, a URL uproot opens (``root://``, ``http://``), or an
     already-open uproot file, directory or TTree (left open; ``tree`` is then ignored for a
     TTree). A path or URL is opened with :func:`datavine.open_input` (a memory map for a local
-    file; inside a datavine run, the run's shards and its accounting of the bytes read).
+    file; inside a datavine run, the run's shards and its accounting of the bytes read) when
+    a column is not in the process's column cache. ``bytes_read`` counts the compressed bytes
+    asked of the file (none for columns served from the cache).
     """
-    if isinstance(source, (str, os.PathLike)):
-        with open_input(str(source), object_cache=None, array_cache=None) as directory:
-            return _process_tree(directory[tree], entry_start, entry_stop)
-    if isinstance(source, uproot.ReadOnlyFile):
-        source = source.root_directory
-    if isinstance(source, uproot.ReadOnlyDirectory):
-        source = source[tree]
-    return _process_tree(source, entry_start, entry_stop)
+    read = read_arrays(source, BRANCHES, entry_start, entry_stop, tree)
+    counts, selected = select_and_fill(read.arrays, selection)
+    return ChunkResult(counts, EDGES.copy(), len(read.arrays["Jet_pt"]), selected,
+                       read.bytes_read, read.path)
 
 
-def process_item(chunk: tuple[str, int, int]) -> ChunkResult:
+def process_item(chunk: tuple[str, int, int], selection: Selection = AGC) -> ChunkResult:
     """:func:`process_chunk` over a ``(path, entry_start, entry_stop)`` work item (a
     :class:`Chunk`, or any such sequence)."""
     path, start, stop = chunk
-    return process_chunk(path, start, stop)
+    return process_chunk(path, start, stop, selection=selection)
 
 
-def _process_tree(ttree: uproot.TTree, entry_start: int | None,
-                  entry_stop: int | None) -> ChunkResult:
-    file_source = ttree.file.source
-    before = getattr(file_source, "num_requested_bytes", 0)
-    arrays = ttree.arrays(list(BRANCHES), entry_start=entry_start, entry_stop=entry_stop,
-                          how=dict, array_cache=None)
-    after = getattr(file_source, "num_requested_bytes", 0)
-    counts, selected = select_and_fill(arrays)
-    return ChunkResult(counts, EDGES.copy(), len(arrays["Jet_pt"]), selected,
-                       after - before, str(ttree.file.file_path))
-
-
-def select_and_fill(a: dict[str, ak.Array]) -> tuple[np.ndarray, int]:
+def select_and_fill(a: dict[str, ak.Array],
+                    selection: Selection = AGC) -> tuple[np.ndarray, int]:
     """The histogram counts and the number of selected events for one chunk's arrays.
 
     The per-object cuts run on the flat numpy buffers and per-event counts come from
     cumulative sums over the offsets: awkward's per-call overhead would otherwise cost as
     much as reading the chunk.
     """
+    cut = selection
     jet = {k: _flat(a[f"Jet_{k}"]) for k in ("pt", "eta", "phi", "mass", "btagDeepFlavB")}
     offsets = _offsets(a["Jet_pt"])
-    good_jet = (jet["pt"] > JET_PT) & (np.abs(jet["eta"]) < JET_ETA)
+    good_jet = (jet["pt"] > cut.jet_pt) & (np.abs(jet["eta"]) < cut.jet_eta)
     n_good = _count(good_jet, offsets)
-    n_b = _count(good_jet & (jet["btagDeepFlavB"] > BTAG), offsets)
-    muon = ((_flat(a["Muon_pt"]) > LEPTON_PT) & (np.abs(_flat(a["Muon_eta"])) < LEPTON_ETA)
+    n_b = _count(good_jet & (jet["btagDeepFlavB"] > cut.btag), offsets)
+    muon = ((_flat(a["Muon_pt"]) > cut.lepton_pt)
+            & (np.abs(_flat(a["Muon_eta"])) < cut.lepton_eta)
             & _flat(a["Muon_tightId"]).astype(bool))
-    electron = ((_flat(a["Electron_pt"]) > LEPTON_PT)
-                & (np.abs(_flat(a["Electron_eta"])) < LEPTON_ETA)
-                & (_flat(a["Electron_cutBased"]) >= ELECTRON_TIGHT))
+    electron = ((_flat(a["Electron_pt"]) > cut.lepton_pt)
+                & (np.abs(_flat(a["Electron_eta"])) < cut.lepton_eta)
+                & (_flat(a["Electron_cutBased"]) >= cut.electron_tight))
     n_lepton = _count(muon, _offsets(a["Muon_pt"])) + _count(electron,
                                                              _offsets(a["Electron_pt"]))
     passed = (n_good >= 4) & (n_b >= 1) & (n_lepton == 1)
@@ -167,14 +175,14 @@ def select_and_fill(a: dict[str, ak.Array]) -> tuple[np.ndarray, int]:
     if selected == 0:
         return np.zeros(len(EDGES) - 1, np.int64), 0
     keep = good_jet & np.repeat(passed, np.diff(offsets))
-    mass = trijet_mass(n_good[passed], *(jet[k][keep]
-                                         for k in ("pt", "eta", "phi", "mass", "btagDeepFlavB")))
+    pt, eta, phi, m, btag = (jet[k][keep] for k in ("pt", "eta", "phi", "mass", "btagDeepFlavB"))
+    mass = trijet_mass(n_good[passed], pt, eta, phi, m, btag, btag_cut=cut.btag)
     hist, _ = np.histogram(mass, bins=EDGES)
     return hist.astype(np.int64), selected
 
 
 def trijet_mass(counts: np.ndarray, pt: np.ndarray, eta: np.ndarray, phi: np.ndarray,
-                mass: np.ndarray, btag: np.ndarray) -> np.ndarray:
+                mass: np.ndarray, btag: np.ndarray, btag_cut: float = BTAG) -> np.ndarray:
     """Per event, the mass of the highest-pT trijet holding at least one b-tagged jet.
 
     The jets are flat arrays, ``counts[i]`` of them for event ``i`` (at least 3 each).
@@ -182,7 +190,7 @@ def trijet_mass(counts: np.ndarray, pt: np.ndarray, eta: np.ndarray, phi: np.nda
     ``(events, combinations, 3)`` index array: no per-event Python, no jagged broadcasting.
     """
     p4 = _four_momenta(pt, eta, phi, mass)
-    is_b = btag > BTAG
+    is_b = btag > btag_cut
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     out = np.empty(len(counts))
     for k in np.unique(counts):

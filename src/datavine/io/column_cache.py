@@ -1,0 +1,252 @@
+"""Decoded columns kept in the process that decoded them: a byte-bounded LRU, per process.
+
+A rerun of an analysis over the same files decompresses every basket again (LZMA: ~75% of
+the analysis' time). This module keeps the arrays a read decoded, so that the next read of
+the same columns of the same file -- in a later bundle, or a later run of the same cluster --
+is a dictionary look-up. It holds the *data*; :mod:`datavine.io.cached_arrays` is the read
+path that consults it (the AGC chunks, coffea's source), and the scheduler's placement
+(``Topology.files_read``, the "cached" tier) learns from the read records which worker holds
+which file's columns.
+
+Where it lives: one :class:`ColumnCache` per process (:func:`cache`). datavine runs capped
+bundles one after another in a long-lived child per library
+(:mod:`datavine.worker.capped_child`), so the cache there persists across bundles and runs;
+a child replaced after an overrun or a crash starts cold, which is safe. Uncapped bundles run
+in the library process and use its cache.
+
+Keys (:class:`ColumnKey`) name the file's *identity* (:func:`file_identity`: a local file's
+device, inode, size and modification time, a URL's ROOT UUID, so a file rewritten at the
+same path is never served from the cache), the tree, the branch, its interpretation and the
+entry range. The bound is set per bundle by the manager (``BundleSpec.cache_mb``: a share
+of the bundle's memory cap, :meth:`datavine.config.RunConfig.column_cache_budget_mb`), so the
+cache is counted inside the cap: a bundle whose budget shrank evicts first, and the freed
+memory is handed back to the system (``malloc_trim``) so that the process' RSS, which the
+cap watches, falls with it. A newer ``cache_epoch`` (``cluster.drop_caches()``) empties it.
+
+What a bundle did with the cache (bytes served, bytes decoded, the entry ranges it holds and
+those it dropped) is noted in its read context (:class:`datavine.io.reading.ReadContext`)
+and travels back in the bundle's read records. Standard library only at import: imported on
+workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+MB = 2**20
+GENERATION = "@cache/"  # the prefix of a cache's generation, as read records name it
+
+
+class ColumnKey(NamedTuple):
+    """One decoded column: which file (its identity), tree, branch, interpretation, entries."""
+
+    identity: Hashable
+    tree: str
+    branch: str
+    interpretation: str
+    entry_start: int | None
+    entry_stop: int | None
+
+
+class _Entry(NamedTuple):
+    value: object
+    nbytes: int
+    piece: str
+
+
+def piece_name(lfn: str, entry_start: int | None, entry_stop: int | None) -> str:
+    """The name of a file's entry range as workers report it and placement matches it
+    (``/store/x.root@0-100000``; the scheduler finds the same in a task's arguments,
+    :func:`datavine.scheduler.inputs.task_pieces`)."""
+    return f"{lfn}@{'' if entry_start is None else entry_start}-" \
+           f"{'' if entry_stop is None else entry_stop}"
+
+
+def marker_name(lfn: str) -> str:
+    """The name that says a worker holds pieces of ``lfn`` (so a piece it lacks is a miss
+    there, not a hit by the file's name)."""
+    return f"{lfn}@*"
+
+
+def file_of(piece: str) -> str:
+    """The logical file name of a piece (or marker) name."""
+    return piece.rsplit("@", 1)[0]
+
+
+@dataclass
+class CacheStats:
+    """Counters of one cache since it was made (or since :meth:`ColumnCache.clear`)."""
+
+    hits: int = 0
+    misses: int = 0
+    hit_bytes: int = 0
+    miss_bytes: int = 0  # decoded bytes of the columns that were read because they were absent
+    evicted_bytes: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class ColumnCache:
+    """A byte-bounded LRU of decoded columns (see the module's docstring).
+
+    ``max_bytes`` 0 keeps nothing (every ``put`` is dropped at once). ``get`` and ``put`` are
+    the whole interface of the read path; ``resize`` applies a bundle's budget, ``clear`` a
+    drop. ``held`` is how many bytes each piece (:func:`piece_name`: a file's entry range)
+    has here, ``pieces`` how many pieces of each file; ``dropped`` the pieces, and markers
+    (:func:`marker_name`) of files, that left since :meth:`take_dropped`.
+    """
+
+    max_bytes: int = 0
+    entries: OrderedDict[ColumnKey, _Entry] = field(default_factory=OrderedDict)
+    bytes: int = 0
+    held: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    pieces: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    stats: CacheStats = field(default_factory=CacheStats)
+    epoch: int = 0
+    dropped: set[str] = field(default_factory=set)  # pieces and markers that left, since asked
+    pid: int = field(default_factory=os.getpid)
+    # names this cache among the caches a worker ever had: a worker whose generation
+    # changed (its library or capped child was replaced) holds nothing it reported before
+    generation: str = field(default_factory=lambda: f"{GENERATION}{os.getpid()}/{time.time_ns()}")
+
+    def get(self, key: ColumnKey) -> object | None:
+        """The column under ``key`` (now the most recently used), or None."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        self.entries.move_to_end(key)
+        self.stats.hits += 1
+        self.stats.hit_bytes += entry.nbytes
+        return entry.value
+
+    def missed(self, nbytes: int) -> None:
+        """A column was absent and was read (``nbytes`` decoded)."""
+        self.stats.misses += 1
+        self.stats.miss_bytes += nbytes
+
+    def put(self, key: ColumnKey, value: object, nbytes: int, piece: str) -> bool:
+        """Keep ``value`` (``nbytes`` of memory) under ``key``, evicting the least recently
+        used columns to stay within ``max_bytes``; False when it does not fit at all."""
+        if nbytes > self.max_bytes:
+            return False
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self._forget(old)
+        self._evict(self.max_bytes - nbytes)
+        self.entries[key] = _Entry(value, nbytes, piece)
+        self.bytes += nbytes
+        if piece not in self.held:
+            lfn = file_of(piece)
+            self.pieces[lfn] += 1
+            self.dropped.discard(marker_name(lfn))
+        self.held[piece] += nbytes
+        self.dropped.discard(piece)
+        return True
+
+    def holds(self, piece: str) -> bool:
+        """Whether any column of ``piece`` is here."""
+        return piece in self.held
+
+    def resize(self, max_bytes: int) -> int:
+        """Bound the cache at ``max_bytes`` from now on; returns the bytes evicted."""
+        self.max_bytes = max(0, int(max_bytes))
+        return self._evict(self.max_bytes)
+
+    def clear(self) -> None:
+        """Drop every column (a cold cache; the counters start again)."""
+        self.dropped.update(self.held)
+        self.dropped.update(marker_name(lfn) for lfn in self.pieces)
+        self.entries.clear()
+        self.held.clear()
+        self.pieces.clear()
+        self.bytes = 0
+        self.stats = CacheStats()
+        trim()
+
+    def take_dropped(self) -> set[str]:
+        """Files whose columns all left since the last call (evicted or cleared)."""
+        out, self.dropped = self.dropped, set()
+        return out
+
+    def _evict(self, bound: int) -> int:
+        freed = 0
+        while self.bytes > bound and self.entries:
+            _, entry = self.entries.popitem(last=False)
+            self._forget(entry)
+            freed += entry.nbytes
+            self.stats.evictions += 1
+        self.stats.evicted_bytes += freed
+        if freed:
+            trim()
+        return freed
+
+    def _forget(self, entry: _Entry) -> None:
+        self.bytes -= entry.nbytes
+        piece = entry.piece
+        self.held[piece] -= entry.nbytes
+        if self.held[piece] <= 0:
+            del self.held[piece]
+            self.dropped.add(piece)
+            lfn = file_of(piece)
+            self.pieces[lfn] -= 1
+            if self.pieces[lfn] <= 0:
+                del self.pieces[lfn]
+                self.dropped.add(marker_name(lfn))
+
+
+_cache = ColumnCache()
+
+
+def cache() -> ColumnCache:
+    """This process's cache (one per process: the capped child's, or the library's; a
+    process forked from one that had a cache starts with a new, empty one)."""
+    global _cache
+    if _cache.pid != os.getpid():
+        _cache = ColumnCache()
+    return _cache
+
+
+def configure(max_bytes: int, epoch: int = 0) -> ColumnCache:
+    """Apply a bundle's budget and the cluster's cache epoch to this process's cache: an
+    epoch newer than the cache's empties it first (``cluster.drop_caches()``)."""
+    own = cache()
+    if epoch > own.epoch:
+        own.clear()
+        own.epoch = epoch
+    own.resize(max_bytes)
+    return own
+
+
+def file_identity(path: str, uuid: object = None) -> Hashable:
+    """What names one version of a file: a local path's device, inode, size and modification
+    time (read without opening it: a hit opens nothing); a URL's ROOT UUID. None (its
+    columns are not cached): a local file that is gone, a URL whose UUID is not known."""
+    if "://" in path and not path.startswith("file://"):
+        return None if uuid is None else ("url", path, str(uuid))
+    local = path[len("file://"):] if path.startswith("file://") else path
+    try:
+        st = os.stat(local)
+    except OSError:
+        return None
+    return ("local", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def trim() -> None:
+    """Hand freed heap memory back to the system (glibc ``malloc_trim``), so the RSS the
+    memory cap watches falls when columns are evicted; a no-op elsewhere."""
+    global _libc
+    with contextlib.suppress(OSError, AttributeError):
+        if _libc is None:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        _libc.malloc_trim(0)

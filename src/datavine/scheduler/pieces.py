@@ -1,0 +1,78 @@
+"""Which entry ranges of its files a task reads, found before it runs: the *pieces* that
+workers' column caches hold (:mod:`datavine.io.column_cache`).
+
+A worker reports the pieces it holds by name (``/store/x.root@0-100000``: a logical file
+name and an entry range, :func:`datavine.io.column_cache.piece_name`), and placement counts a
+worker "cached" for a task when it holds the task's piece
+(:func:`datavine.scheduler.placement.score`).
+This module names a task's pieces the same way from its arguments: a ``(path, entry_start,
+entry_stop)`` triple (the AGC's :class:`~datavine.apps.analysis.agc.Chunk`), or an object
+with ``filename``, ``entrystart`` and ``entrystop`` (coffea's ``WorkItem``). The search is
+shallow and bounded, as :mod:`datavine.scheduler.inputs`' is. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dask._task_spec import DataNode, GraphNode, Task, TaskRef
+
+from datavine.io.column_cache import marker_name, piece_name
+from datavine.io.shards import logical_name
+from datavine.scheduler.inputs import looks_like_input
+
+__all__ = ["marker_name", "piece_name", "task_pieces"]
+
+_MAX_DEPTH = 4
+_MAX_ITEMS = 64
+
+
+def task_pieces(node: GraphNode) -> tuple[str, ...]:
+    """The pieces the task will read, in argument order, without duplicates."""
+    found: list[str] = []
+    if isinstance(node, Task):
+        _scan((node.args, node.kwargs), found, 0)
+    elif isinstance(node, DataNode):
+        _scan(node.value, found, 0)
+    return tuple(dict.fromkeys(found))
+
+
+def _piece(obj: object) -> str | None:
+    if (isinstance(obj, tuple) and len(obj) == 3 and isinstance(obj[0], str)
+            and looks_like_input(obj[0]) and _whole(obj[1]) and _whole(obj[2])):
+        return piece_name(logical_name(obj[0]), obj[1], obj[2])
+    filename = getattr(obj, "filename", None)
+    if isinstance(filename, str) and looks_like_input(filename):
+        start, stop = getattr(obj, "entrystart", None), getattr(obj, "entrystop", None)
+        if _whole(start) and _whole(stop):
+            return piece_name(logical_name(filename), start, stop)
+    return None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _scan(obj: object, found: list[str], depth: int) -> None:
+    if depth > _MAX_DEPTH or obj is None or isinstance(obj, (str, int, float, bool, bytes,
+                                                             TaskRef)):
+        return
+    piece = _piece(obj)
+    if piece is not None:
+        found.append(piece)
+        return
+    if isinstance(obj, GraphNode):
+        inner = (obj.args, obj.kwargs) if isinstance(obj, Task) else getattr(obj, "value", None)
+        _scan(inner, found, depth + 1)
+        return
+    if isinstance(obj, Mapping):
+        for i, v in enumerate(obj.values()):
+            if i >= _MAX_ITEMS:
+                break
+            _scan(v, found, depth + 1)
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            if i >= _MAX_ITEMS:
+                break
+            _scan(v, found, depth + 1)
