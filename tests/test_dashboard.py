@@ -113,6 +113,20 @@ def test_near_and_far_bytes_are_the_summarys() -> None:
     assert run.bytes_by_nearness[ON_HOST] == 3  # only the local file, for worker x
 
 
+def test_a_backup_copy_is_no_bundle_and_a_cancelled_call_is_not_running() -> None:
+    """A copy's sent record counts as a copy, not a bundle, and its events once; the call
+    cancelled when its twin came first leaves the calls in flight."""
+    board = Board().apply_all(records(
+        {"k": "run", "run": 1, "tasks": 1, "files": {}, "shards": SHARDS},
+        sent(1, ev_=1000), {**sent(2, ev_=1000), "copy": 1}, done(2),
+        {"k": "gone", "call": 1}))
+    run = board.run
+    assert run is not None
+    assert (run.bundles_sent, run.copies_sent, run.bundles_done) == (1, 1, 1)
+    assert (run.events_expected, run.events_done) == (1000, 1000)
+    assert run.sent == {}
+
+
 def test_spread_keeps_the_amount_and_splits_it_by_overlap() -> None:
     series: list[float] = []
     spread(series, 0.5, 2.5, 100.0, 1.0)

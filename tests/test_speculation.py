@@ -148,8 +148,20 @@ def test_a_copy_reads_around_the_shard_its_first_copy_reads_from() -> None:
     pool.state.learned.costs.observe("x", 1, 0.1)
     (first,) = of(Submit, pool.tick())
     placed(pool, {first.call: "w1"})
-    (copy,) = of(Submit, pool.tick(1.0))
+    (copy,) = of(Submit, pool.tick(1.0))  # late: its shard may be the slow part
     assert first.spec.avoid == () and copy.spec.avoid == (shards.shard_for(url).name,)
+
+
+def test_a_copy_of_a_call_that_only_waits_reads_where_its_first_copy_would() -> None:
+    shards = ShardMap.from_urls(["root://xc-a:1094", "root://xc-b:1094"])
+    urls = [f"root://redirector:1094//store/f{i}.root" for i in range(3)]
+    pool = two_workers({("t", i): (reads, u) for i, u in enumerate(urls)},
+                       [("t", i) for i in range(3)], replace(SPEC, shardmap=shards))
+    c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
+    placed(pool, {c1: "w1", c2: "w1", c3: "w2"})
+    pool.finish(c3, "w2")
+    (copy,) = of(Submit, pool.tick())
+    assert copy.spec.avoid == ()
 
 
 def test_a_copy_that_fails_is_dropped_and_its_first_copy_goes_on() -> None:

@@ -72,8 +72,12 @@ class NullSink:
                     shardmap: ShardMap | None) -> None:
         """A run of ``graph`` starts; ``files_of(key)``: the files a task reads."""
 
-    def sent(self, ins: Submit, entry: Inflight | None) -> None:
-        """A bundle went out as call ``ins.call`` (``entry``: the state's record of it)."""
+    def sent(self, ins: Submit, entry: Inflight | None, copy: bool = False) -> None:
+        """A bundle went out as call ``ins.call`` (``entry``: the state's record of it;
+        ``copy``: a backup copy of a bundle out already)."""
+
+    def gone(self, call: int) -> None:
+        """Call ``call`` was cancelled: no result will come."""
 
     def done(self, call: int, finished: Finished,
              again: frozenset[Hashable] = frozenset()) -> None:
@@ -133,13 +137,20 @@ class EventSink(NullSink):
         self.emit(run_record(self._runs, len(graph), file_tasks(graph.nodes, files_of),
                              shard_places(shardmap, self.here)), flush=True)
 
-    def sent(self, ins: Submit, entry: Inflight | None) -> None:
+    def sent(self, ins: Submit, entry: Inflight | None, copy: bool = False) -> None:
         keys = ins.keys
         self._tasks[ins.call] = len(keys)
         events = sum(self._weights.get(k, 0) for k in keys) if self._weights else 0
         files = entry.bundle.files if entry is not None else ()
-        self.emit(sent_record(ins.call, len(keys), ins.cap_mb, ins.target.worker,
-                              ins.target.rack, files, events))
+        record = sent_record(ins.call, len(keys), ins.cap_mb, ins.target.worker,
+                             ins.target.rack, files, events)
+        if copy:
+            record["copy"] = 1
+        self.emit(record)
+
+    def gone(self, call: int) -> None:
+        if self._tasks.pop(call, None) is not None:
+            self.emit({"k": "gone", "call": call})
 
     def done(self, call: int, finished: Finished,
              again: frozenset[Hashable] = frozenset()) -> None:

@@ -212,6 +212,7 @@ class RunFold:
     shards: dict[str, ShardPlace] = field(default_factory=dict)
     sent: dict[int, Sent] = field(default_factory=dict)  # calls in flight
     bundles_sent: int = 0
+    copies_sent: int = 0  # backup copies (scheduler/speculation.py), not bundles
     bundles_done: int = 0  # came back ok
     bundles_failed: int = 0  # came back otherwise
     tasks_done: int = 0
@@ -295,6 +296,8 @@ class Board:
             self._end(record, t)
         elif record["k"] == "usage":
             self._usage(record, t)
+        elif record["k"] == "gone" and self.run is not None:
+            self.run.sent.pop(int(record["call"]), None)
 
     # --- records --------------------------------------------------------------------------
     def _hello(self, r: HelloRecord, t: float) -> None:
@@ -318,6 +321,9 @@ class Board:
         events = int(r.get("ev") or 0)
         run.sent[int(r["call"])] = Sent(t, int(r.get("n", 0)), r.get("cap"),
                                         tuple(r.get("files", ())), events)
+        if r.get("copy"):  # its bundle was counted when it went out
+            run.copies_sent += 1
+            return
         run.bundles_sent += 1
         run.events_expected += events
 

@@ -62,6 +62,7 @@ class SentRecord(TypedDict):
     rack: str | None
     files: list[str]
     ev: int
+    copy: NotRequired[int]  # 1: a backup copy of a bundle already sent (not a bundle)
 
 
 # One read of a bundle: (logical file name, server, its rack, bytes, failovers).
@@ -160,5 +161,14 @@ class UsageRecord(TypedDict):
     host: list[float]
 
 
+class GoneRecord(TypedDict):
+    """A call was cancelled (a copy whose twin came first, a call withdrawn): no done
+    record will follow."""
+
+    k: Literal["gone"]
+    t: NotRequired[float]
+    call: int
+
+
 Record = (HelloRecord | ProcsRecord | RunRecord | SentRecord | DoneRecord | PoolRecord
-          | EndRecord | UsageRecord)
+          | EndRecord | UsageRecord | GoneRecord)

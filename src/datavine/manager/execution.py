@@ -140,6 +140,7 @@ class GraphRun:
                 task = self.tasks.get(ins.call)
                 if task is not None and (ins.running or self.rt.call_state(task) == TASK_READY):
                     self.rt.cancel(task)
+                    self.sink.gone(ins.call)
                     del self.tasks[ins.call], self.calls[task]
                     pending.extend(self.state.handle(CallWithdrawn(ins.call)))
             elif isinstance(ins, DropTemp):
@@ -176,7 +177,8 @@ class GraphRun:
             fetch={name: self.temps[t] for name, t in ins.fetch.items()},
             store={name: self.temps[t] for name, t in ins.store.items()})
         self.tasks[ins.call], self.calls[task] = task, ins.call
-        self.sink.sent(ins, self.state.inflight.get(ins.call))
+        self.sink.sent(ins, self.state.inflight.get(ins.call),
+                       copy=ins.call in self.state.copied_from)
 
     # --- the end ---------------------------------------------------------------------------
     def _salvage(self) -> None:

@@ -356,6 +356,7 @@ class RunState:
             avoid=avoid,
             cache_mb=self.cfg.column_cache_budget_mb(cap_mb),  # io/column_cache.py
             cache_epoch=self.learned.topology.cache_epoch,
+            cache_rss_mb=self.cfg.column_cache_rss_mb(cap_mb),
         )
 
     # --- backup copies (scheduler/speculation.py) ---------------------------------------------
@@ -404,8 +405,10 @@ class RunState:
         categories = {k: graph.category(k) for k in bundle.keys}
         limits = {k: limit for k, c in categories.items()
                   if (limit := self.cfg.time_limit(c)) is not None}
+        # a late copy reads around its first copy's shard, which may be the slow part; a
+        # copy of a call that only waits behind another reads where the first would
         shards = ([self.dispatch.shard_now(f, self.now) for f in bundle.files]
-                  if self.cfg.shardmap is not None else [])
+                  if self.cfg.shardmap is not None and not chosen.queued else [])
         avoid = tuple(sorted({s.name for s in shards if s is not None and not s.is_origin}))
         plan = self.kept.plan(list(entry.plan.store), bundle.inputs)  # temps of its own
         spec = self._spec(bundle, plan, categories, limits, avoid, entry.cap_mb)

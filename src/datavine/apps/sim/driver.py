@@ -153,9 +153,10 @@ class SimRun:
         policy = self.run_cfg.memory
         self.learned = Learned(CostModel(), MemoryState(policy) if policy is not None else None,
                                topology, ShardHealth())
-        # the model's own bound is SimConfig.max_time_s; results come back inline
+        # the model's own bound is SimConfig.max_time_s; results come back inline; its
+        # workers run at one speed and it does not cancel calls: no backup copies
         self.state = RunState(self.graph, self.run_cfg.replace(shardmap=self.shardmap,
-                                                               timeout_s=0),
+                                                               timeout_s=0, speculation=False),
                               self.learned, now=0.0, files_of=self._files)
         self.tv = SimTaskVine(self.q, workers, self.cfg.cost, self._started, self._result,
                               seed=self.cfg.seed,
