@@ -264,3 +264,16 @@ def test_a_replaced_cache_holds_nothing_it_reported() -> None:
     topology.learn("w", None, "127.0.0.1:9", ["/g@0-5", "/g@*", "@cache/2/2"])
     topology.held(known, [{"lfn": "@cache/2/2", "server": "memory"}])  # a new child: cold
     assert known.files_read == {"/f"}
+
+
+def test_settle_evicts_until_the_process_is_under_its_bound() -> None:
+    cache = ColumnCache(max_bytes=1 << 30)
+    for i in range(3):
+        array = np.ones(1 << 20)  # 8 MiB each
+        cache.put(ColumnKey("f", "Events", f"b{i}", "default", 0, 1), array, array.nbytes,
+                  f"/f@{i}-{i + 1}")
+    assert column_cache.settle(cache, column_cache.rss_bytes() + (1 << 30)) == 0
+    assert len(cache.entries) == 3
+    assert column_cache.settle(cache, 1) == 3 * 8 * 2**20  # never reachable: all go
+    assert cache.bytes == 0 and cache.max_bytes == 1 << 30  # the bound stays
+    assert cache.take_dropped() == {"/f@0-1", "/f@1-2", "/f@2-3", "/f@*"}

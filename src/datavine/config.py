@@ -27,6 +27,7 @@ __all__ = ["ANY_HOST", "ConfigError", "LocalWorkersConfig", "ManagerConfig", "Ru
 ANY_HOST = "0.0.0.0"  # ManagerConfig.listen_host for every interface
 ANY_HOSTS = frozenset({ANY_HOST, "::", "*"})
 UNCAPPED_CACHE_MB = 1024.0  # RunConfig.column_cache_mb of uncapped bundles, when None
+CACHE_RSS_SHARE = 0.7  # of a cap: what a capped child keeps idle at most, its column cache in
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,15 @@ class RunConfig:
                          else UNCAPPED_CACHE_MB)
         share = self.column_cache_share * cap_mb
         return share if self.column_cache_mb is None else min(share, self.column_cache_mb)
+
+    def column_cache_rss_mb(self, cap_mb: float | None) -> float:
+        """The RSS a capped bundle's process may keep after it, its cache included (MB; 0:
+        no bound): below the share of the cap at which a capped child is replaced
+        (:data:`datavine.worker.capped_child.RECYCLE_FRACTION`, 0.8), so that the cache
+        survives to the next bundle."""
+        if not self.column_cache or cap_mb is None or cap_mb <= 0:
+            return 0.0
+        return CACHE_RSS_SHARE * cap_mb
 
     def time_limit(self, category: str) -> float | None:
         """The time limit of a task of ``category``, or None."""

@@ -107,6 +107,9 @@ class BundleSpec:
     # epoch (a newer one empties it: cluster.drop_caches())
     cache_mb: float = 0.0
     cache_epoch: int = 0
+    # the RSS the bundle's process may keep after it, cache included (MB; 0: no bound): a
+    # capped child idling above its share of the next cap would be replaced, cache and all
+    cache_rss_mb: float = 0.0
 
     what: ClassVar[str] = "bundle spec"
 

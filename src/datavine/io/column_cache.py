@@ -140,7 +140,7 @@ class ColumnCache:
         old = self.entries.pop(key, None)
         if old is not None:
             self._forget(old)
-        self._evict(self.max_bytes - nbytes)
+        self.evict_to(self.max_bytes - nbytes)
         self.entries[key] = _Entry(value, nbytes, piece)
         self.bytes += nbytes
         if piece not in self.held:
@@ -158,7 +158,7 @@ class ColumnCache:
     def resize(self, max_bytes: int) -> int:
         """Bound the cache at ``max_bytes`` from now on; returns the bytes evicted."""
         self.max_bytes = max(0, int(max_bytes))
-        return self._evict(self.max_bytes)
+        return self.evict_to(self.max_bytes)
 
     def clear(self) -> None:
         """Drop every column (a cold cache; the counters start again)."""
@@ -176,7 +176,9 @@ class ColumnCache:
         out, self.dropped = self.dropped, set()
         return out
 
-    def _evict(self, bound: int) -> int:
+    def evict_to(self, bound: int) -> int:
+        """Evict the least recently used columns until at most ``bound`` bytes are held
+        (the bound itself stays); returns the bytes evicted."""
         freed = 0
         while self.bytes > bound and self.entries:
             _, entry = self.entries.popitem(last=False)
@@ -223,6 +225,33 @@ def configure(max_bytes: int, epoch: int = 0) -> ColumnCache:
         own.epoch = epoch
     own.resize(max_bytes)
     return own
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (``/proc/self/statm``; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def settle(cache: ColumnCache, rss_limit: int) -> int:
+    """Evict the least recently used columns until this process's RSS is at most
+    ``rss_limit`` bytes (or the cache is empty); returns the bytes evicted. Run when a
+    bundle's reads are done: the process then idles under the share of its next cap at
+    which a capped child would be replaced (its cache with it)."""
+    evicted = 0
+    rss = rss_bytes()
+    if rss > rss_limit:
+        trim()  # what the bundle freed first
+        rss = rss_bytes()
+    while rss > rss_limit and cache.entries:
+        # evict what the excess asks for (at least a tenth of the cache), then look again
+        step = max(rss - rss_limit, cache.bytes // 10, 1)
+        evicted += cache.evict_to(max(0, cache.bytes - step))
+        rss = rss_bytes()
+    return evicted
 
 
 def file_identity(path: str, uuid: object = None) -> Hashable:

@@ -183,19 +183,23 @@ def shard_health() -> ShardHealth:
 
 @contextlib.contextmanager
 def reading(shardmap: ShardMap | None, avoid: Iterable[str] = (), cache_mb: float = 0.0,
-            cache_epoch: int = 0) -> Iterator[ReadContext]:
+            cache_epoch: int = 0, cache_rss_mb: float = 0.0) -> Iterator[ReadContext]:
     """Install a read context for the duration of one bundle; its opens try the shards
     named in ``avoid`` last. ``cache_mb``, ``cache_epoch``: the bundle's bound on this
     process's column cache and the cluster's cache epoch
-    (:func:`datavine.io.column_cache.configure`)."""
+    (:func:`datavine.io.column_cache.configure`); ``cache_rss_mb``: the process's RSS the
+    cache leaves at most when the bundle's reads are done
+    (:func:`~datavine.io.column_cache.settle`)."""
     global _context
-    column_cache.configure(int(cache_mb * column_cache.MB), cache_epoch)
+    cache = column_cache.configure(int(cache_mb * column_cache.MB), cache_epoch)
     previous = _context
     _context = ReadContext(shardmap, _health, avoid=frozenset(avoid))
     try:
         yield _context
     finally:
         _context = previous
+        if cache_rss_mb > 0:
+            column_cache.settle(cache, int(cache_rss_mb * column_cache.MB))
 
 
 def source_for(url: str, shardmap: ShardMap | None) -> Source:

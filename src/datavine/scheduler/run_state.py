@@ -356,6 +356,7 @@ class RunState:
             avoid=avoid,
             cache_mb=self.cfg.column_cache_budget_mb(cap_mb),  # io/column_cache.py
             cache_epoch=self.learned.topology.cache_epoch,
+            cache_rss_mb=self.cfg.column_cache_rss_mb(cap_mb),
         )
 
     # --- backup copies (scheduler/speculation.py) ---------------------------------------------

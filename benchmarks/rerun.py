@@ -1,0 +1,222 @@
+"""Benchmark (issue 30): the second run of an analysis, with its columns kept on the workers.
+
+The AGC-style selection (:mod:`datavine.apps.analysis.agc`) runs over generated NanoAOD-like
+files (``--files`` x ``--events-per-file`` per compression, made once into ``--data-dir``,
+as :mod:`analysis` does) on a ``datavine.LocalCluster`` of ``--workers`` 1-core workers. One
+round, per compression:
+
+1. ``cluster.drop_caches()``, then a *cold* run with one selection (the workers decode
+   every basket; their column caches fill);
+2. a *warm* run with the other selection (same branches, other cuts: ``jet_pt`` 25 or 30
+   GeV): it should find its columns in the workers' memory.
+
+The selections swap from round to round, so each warm result is checked against a cold run
+of the same selection (histogram, events and selected events equal). The speedup is each
+round's cold time over its warm time (median over ``--rounds``); the hit fraction is the
+warm runs' decoded bytes served from the caches (``last_summary.cache``); the memory figure
+is the chunks' largest peak over their cap (``peak_over_cap``, < 1: never over; overruns
+are counted too).
+
+Then the degradation check (on ``--degrade`` compression): a cluster whose caches hold a
+fraction of the working set (``RunConfig(column_cache_mb=--small-cache-mb)``) against one
+with the cache off, each running the analysis twice, rounds alternating: the small cache's
+second run should be as fast as the cache-off one's (``degrade_ratio`` = its time over the
+cache-off time, <= 1.05).
+
+The last line is ``key=value``: ``rerun_speedup_lzma= rerun_speedup_zstd= hit_fraction=
+peak_over_cap= overruns= degrade_ratio= results_equal=``.
+
+    .venv/bin/python benchmarks/rerun.py [--compression both|lzma|zstd] [--files 4
+        --events-per-file 500000 --chunk-events 100000] [--workers 2] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import analysis
+import common
+import dask
+
+import datavine
+from datavine.apps.analysis import agc
+
+SELECTIONS = (agc.AGC, agc.Selection(jet_pt=30.0))
+
+
+def merge(*parts: agc.ChunkResult) -> agc.ChunkResult:
+    return sum(parts, agc.ChunkResult.empty())
+
+
+def graph(chunks: list[agc.Chunk], selection: agc.Selection) -> Any:
+    """One task per chunk (its Chunk an argument: placement sees the file and the entries)
+    and a tree of merges."""
+    level = [dask.delayed(agc.process_item, pure=False)(chunk, selection) for chunk in chunks]
+    while len(level) > 1:
+        level = [dask.delayed(merge, pure=False)(*level[i:i + analysis.FAN_IN])
+                 for i in range(0, len(level), analysis.FAN_IN)]
+    return level[0]
+
+
+def same(a: agc.ChunkResult, b: agc.ChunkResult) -> bool:
+    return bool((a.counts == b.counts).all() and a.events == b.events
+                and a.events_selected == b.events_selected)
+
+
+@dataclass
+class Timed:
+    seconds: float
+    result: agc.ChunkResult
+    hit_fraction: float
+    peak_over_cap: float
+    overruns: int
+    load: float
+    note: str = ""
+
+
+def timed_run(cluster: datavine.LocalCluster, chunks: list[agc.Chunk],
+              selection: agc.Selection) -> Timed:
+    started = time.perf_counter()
+    result = dask.compute(graph(chunks, selection), scheduler=cluster.get)[0]
+    seconds = time.perf_counter() - started
+    summary = cluster.last_summary
+    assert summary is not None
+    stats = summary.categories.get("process_item")
+    ratio = (stats.peak_mb / stats.cap_mb) if stats is not None and stats.cap_mb else 0.0
+    overruns = sum(c.overruns for c in summary.categories.values())
+    note = (f"placement {dict(summary.placement)}, {summary.backups.started} backup copies "
+            f"({summary.backups.won} won)")
+    return Timed(seconds, result, summary.cache.hit_fraction, ratio, overruns,
+                 os.getloadavg()[0], note)
+
+
+@dataclass
+class Rerun:
+    compression: str
+    cold: list[Timed] = field(default_factory=list)
+    warm: list[Timed] = field(default_factory=list)
+    equal: bool = True
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(c.seconds / w.seconds for c, w in zip(self.cold, self.warm,
+                                                                        strict=True))
+
+
+def cluster_for(args: argparse.Namespace, name: str, **run: Any) -> datavine.LocalCluster:
+    return datavine.LocalCluster(
+        workers=args.workers, cores=1,
+        manager=datavine.ManagerConfig(run_dir=common.run_dir(name)),
+        run=datavine.RunConfig(**run) if run else None)
+
+
+def rerun(compression: str, chunks: list[agc.Chunk], args: argparse.Namespace) -> Rerun:
+    out = Rerun(compression)
+    cold_of: dict[agc.Selection, agc.ChunkResult] = {}
+    with cluster_for(args, f"rerun-{compression}") as cluster:
+        for i in range(args.rounds):
+            first, second = SELECTIONS[i % 2], SELECTIONS[(i + 1) % 2]
+            cluster.drop_caches()
+            cold = timed_run(cluster, chunks, first)
+            warm = timed_run(cluster, chunks, second)
+            out.cold.append(cold)
+            out.warm.append(warm)
+            cold_of.setdefault(first, cold.result)
+            print(f"# {compression} round {i + 1}: cold {cold.seconds:.2f} s (load "
+                  f"{cold.load:.1f}), warm {warm.seconds:.2f} s (load {warm.load:.1f}), hits "
+                  f"{warm.hit_fraction:.3f}; cold {cold.note}; warm {warm.note}", file=sys.stderr,
+                  flush=True)
+        for i, warm in enumerate(out.warm):  # each warm result against a cold one
+            selection = SELECTIONS[(i + 1) % 2]
+            if selection in cold_of:
+                out.equal &= same(warm.result, cold_of[selection])
+            else:  # one round: run that selection cold too
+                cluster.drop_caches()
+                out.equal &= same(warm.result, timed_run(cluster, chunks, selection).result)
+    return out
+
+
+def degrade(chunks: list[agc.Chunk], args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Second-run times with a cache smaller than the working set, and with the cache off."""
+    small: list[float] = []
+    off: list[float] = []
+    with cluster_for(args, "rerun-small", column_cache_mb=args.small_cache_mb) as tight, \
+            cluster_for(args, "rerun-off", column_cache=False) as none:
+        for i in range(args.rounds):
+            order = [(tight, small), (none, off)]
+            for cluster, times in order if i % 2 == 0 else order[::-1]:
+                timed_run(cluster, chunks, SELECTIONS[0])
+                times.append(timed_run(cluster, chunks, SELECTIONS[1]).seconds)
+            print(f"# degrade round {i + 1}: small cache {small[-1]:.2f} s, cache off "
+                  f"{off[-1]:.2f} s", file=sys.stderr, flush=True)
+    return small, off
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compression", choices=("both", "lzma", "zstd"), default="both")
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--events-per-file", type=int, default=500_000)
+    parser.add_argument("--chunk-events", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--degrade", choices=("zstd", "lzma", "none"), default="zstd")
+    parser.add_argument("--small-cache-mb", type=float, default=32.0)
+    parser.add_argument("--data-dir", type=Path, default=common.REPO / "build" / "bench-data")
+    args = parser.parse_args()
+    common.setup()
+    print(f"# {common.machine_info()}", file=sys.stderr, flush=True)
+    kinds = ("lzma", "zstd") if args.compression == "both" else (args.compression,)
+    chunks_of = {}
+    for kind in (*kinds, *([args.degrade] if args.degrade != "none" else [])):
+        if kind in chunks_of:
+            continue
+        paths = analysis.dataset(args.data_dir, kind, args.files * args.events_per_file,
+                                 args.files, 2)
+        analysis.warm_page_cache(paths)
+        chunks_of[kind] = agc.make_chunks(paths, args.chunk_events)
+    results = [rerun(kind, chunks_of[kind], args) for kind in kinds]
+    small, off = (degrade(chunks_of[args.degrade], args) if args.degrade != "none"
+                  else ([], []))
+
+    print(f"\n{common.machine_info()}")
+    print(f"{args.workers} workers x 1 core, {args.files} files x {args.events_per_file} events, "
+          f"{args.chunk_events}-event chunks, {args.rounds} rounds\n")
+    print("| compression | cold s (each round) | warm s | speedup (median) | warm hit fraction "
+          "| peak/cap | overruns | warm = cold |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r.compression} | {' '.join(f'{t.seconds:.2f}' for t in r.cold)} | "
+              f"{' '.join(f'{t.seconds:.2f}' for t in r.warm)} | {r.speedup:.2f}x | "
+              f"{min(t.hit_fraction for t in r.warm):.3f} | "
+              f"{max(t.peak_over_cap for t in (*r.cold, *r.warm)):.2f} | "
+              f"{sum(t.overruns for t in (*r.cold, *r.warm))} | {r.equal} |")
+    ratio = statistics.median(small) / statistics.median(off) if small else float("nan")
+    if small:
+        print(f"\nworking set over the cache ({args.degrade}, {args.small_cache_mb:g} MB per "
+              f"worker): second run {' '.join(f'{s:.2f}' for s in small)} s against cache "
+              f"off {' '.join(f'{s:.2f}' for s in off)} s: {ratio:.3f}x the cache-off time")
+    by = {r.compression: r for r in results}
+    pairs: dict[str, object] = {}
+    for kind in ("lzma", "zstd"):
+        if kind in by:
+            pairs[f"rerun_speedup_{kind}"] = f"{by[kind].speedup:.2f}"
+    pairs["hit_fraction"] = f"{min(t.hit_fraction for r in results for t in r.warm):.3f}"
+    pairs["peak_over_cap"] = (
+        f"{max(t.peak_over_cap for r in results for t in (*r.cold, *r.warm)):.2f}")
+    pairs["overruns"] = sum(t.overruns for r in results for t in (*r.cold, *r.warm))
+    pairs["degrade_ratio"] = f"{ratio:.3f}"
+    pairs["results_equal"] = all(r.equal for r in results)
+    print(common.kv_line(pairs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
