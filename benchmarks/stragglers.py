@@ -100,6 +100,9 @@ def drive(plan_path: Path) -> int:
 
         print("\n".join(summary.lines()), file=sys.stderr)
         Path(plan["summary"]).write_text(json.dumps(summary_dict(summary), default=str))
+    first: dict[str, float] = {}  # each worker's first result: a start that stalled shows
+    for at, _, worker in (summary.completions if summary is not None else []):
+        first.setdefault(worker, at)
     backups: Any = getattr(summary, "backups", None) or {}
     if dataclasses.is_dataclass(backups) and not isinstance(backups, type):
         backups = dataclasses.asdict(backups)
@@ -111,6 +114,7 @@ def drive(plan_path: Path) -> int:
         "hosts": dict(summary.hosts) if summary is not None else {},
         "servers": dict(result.servers), "failovers": result.failovers,
         "retries": summary.retries if summary is not None else None,
+        "first_result_s": max(first.values()) if first else None,
     }))
     return 0
 
@@ -125,6 +129,7 @@ class Run:
     backups: dict[str, int] = dataclasses.field(default_factory=dict)
     hosts: dict[str, int] = dataclasses.field(default_factory=dict)
     throttled: int | None = None  # slow-worker: periods the quota held the worker back
+    first_result_s: float | None = None  # the last worker's first result (a stalled start)
     load: float = 0.0
     error: str = ""
 
@@ -203,7 +208,7 @@ def run_once(args: argparse.Namespace, scenario: str, mode: str, data: Path,
                     shutil.copytree(box.dir / part, keep / part)
                 else:
                     shutil.copy(box.dir / part, keep / part)
-        for log in (box.dir / "xcache").glob("*/*.log"):  # not the caches
+        for log in (box.dir / "xcache").glob("*/*/xrootd.log"):  # not the caches
             with contextlib.suppress(OSError):
                 shutil.copy(log, keep / f"{log.parent.name}-{log.name}")
         if done.returncode != 0:
@@ -213,6 +218,7 @@ def run_once(args: argparse.Namespace, scenario: str, mode: str, data: Path,
         record = json.loads(done.stdout.strip().splitlines()[-1])
         run.seconds, run.correct = record["seconds"], record["correct"]
         run.backups, run.hosts = record["backups"], record["hosts"]
+        run.first_result_s = record.get("first_result_s")
     finally:
         take_down(box)
     return run
@@ -344,7 +350,8 @@ def run_rounds(args: argparse.Namespace, modes: tuple[str, ...], scenarios: list
                 run = run_once(args, scenario, mode, data, files, reference, shard_mbit,
                                workdir)
                 runs.append(run)
-                shown = (f"{run.seconds:6.2f} s correct={run.correct} backups "
+                shown = (f"{run.seconds:6.2f} s correct={run.correct} every worker's first "
+                         f"result by {fmt(run.first_result_s, '.1f')} s backups "
                          f"{run.backups or '-'} bundles {run.hosts}" if not run.error
                          else f"FAILED {run.error}")
                 if run.throttled is not None:
