@@ -141,3 +141,11 @@ def test_a_running_capped_call_that_is_cancelled_is_stopped(one_core: Runtime,
     assert after in got and got[after].ok, "the next call waited for a cancelled one"
     assert got[after].pid == library, "the library died and was restarted"
     assert not (tmp_path / "long").exists()
+
+
+def test_the_project_build_queues_calls_and_the_library_asks_for_its_slots() -> None:
+    """The library's slots follow RunConfig.bundles_per_slot only where the TaskVine in use
+    takes them (patch 0015); a stock library would die at its start."""
+    from datavine.manager.taskvine_port import library_queues_calls
+
+    assert library_queues_calls()

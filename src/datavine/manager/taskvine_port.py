@@ -19,6 +19,8 @@ inline, else at the manager's request), so that no result file is fetched and un
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import pickle
 import socket
 import sys
@@ -145,6 +147,24 @@ def in_memory_calls(vine: ModuleType) -> type:
             self.add_output(self._output_file, "outfile")
 
     return InMemoryCall
+
+
+QUEUE_MARK = "was cancelled before it started"  # in the library code of patch 0015
+
+
+@functools.cache
+def library_queues_calls() -> bool:
+    """Whether this TaskVine's direct-mode library takes more function slots than cores
+    (TaskVine patch 0015: its calls queue in the library's pipe). A stock library refuses
+    them at its start ("function slots cannot be more than library cores") and would die
+    on every worker, so without the patch the library gets one slot. Read from the library
+    code the manager ships (``ndcctools.poncho.library_network_code``)."""
+    try:
+        from ndcctools.poncho import library_network_code
+
+        return QUEUE_MARK in inspect.getsource(library_network_code)
+    except (ImportError, OSError, TypeError):
+        return False
 
 
 def import_taskvine() -> ModuleType:
@@ -437,7 +457,7 @@ class TaskVinePort:
                 name, remote.run_bundle, add_env=False, exec_mode="direct",
                 library_context_info=[remote.library_started, [], {}])
         lib.set_cores(1)
-        lib.set_function_slots(max(1, slots))
+        lib.set_function_slots(max(1, slots) if library_queues_calls() else 1)
         for var, value in env.items():
             lib.set_env_var(var, value)
         if environment is not None:
