@@ -47,6 +47,7 @@ import dask
 
 import datavine
 from datavine.apps.analysis import agc
+from datavine.scheduler.memory import MemoryPolicy
 
 SELECTIONS = (agc.AGC, agc.Selection(jet_pt=30.0))
 
@@ -111,10 +112,13 @@ class Rerun:
 
 
 def cluster_for(args: argparse.Namespace, name: str, **run: Any) -> datavine.LocalCluster:
+    """Workers whose memory caps start at ``--floor-mb`` at least: a cap learned from the
+    first chunks' peaks (before the cache filled) leaves the cache the floor's share."""
+    memory = MemoryPolicy(floor_mb=args.floor_mb)
     return datavine.LocalCluster(
         workers=args.workers, cores=1,
         manager=datavine.ManagerConfig(run_dir=common.run_dir(name)),
-        run=datavine.RunConfig(**run) if run else None)
+        run=datavine.RunConfig(memory=memory, speculation=args.speculation == "on", **run))
 
 
 def rerun(compression: str, chunks: list[agc.Chunk], args: argparse.Namespace) -> Rerun:
@@ -169,6 +173,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--degrade", choices=("zstd", "lzma", "none"), default="zstd")
     parser.add_argument("--small-cache-mb", type=float, default=32.0)
+    parser.add_argument("--floor-mb", type=float, default=MemoryPolicy().floor_mb)
+    parser.add_argument("--speculation", choices=("on", "off"), default="on",
+                        help="backup copies (RunConfig.speculation): a copy that wins "
+                             "stops its original, and a capped child stopped mid-call "
+                             "takes its worker's cache with it")
     parser.add_argument("--data-dir", type=Path, default=common.REPO / "build" / "bench-data")
     args = parser.parse_args()
     common.setup()
@@ -188,7 +197,8 @@ def main() -> int:
 
     print(f"\n{common.machine_info()}")
     print(f"{args.workers} workers x 1 core, {args.files} files x {args.events_per_file} events, "
-          f"{args.chunk_events}-event chunks, {args.rounds} rounds\n")
+          f"{args.chunk_events}-event chunks, {args.rounds} rounds, memory caps >= "
+          f"{args.floor_mb:g} MB, backup copies {args.speculation}\n")
     print("| compression | cold s (each round) | warm s | speedup (median) | warm hit fraction "
           "| peak/cap | overruns | warm = cold |")
     print("|---|---|---|---|---|---|---|---|")

@@ -14,7 +14,9 @@ Before a call's graph is built, :class:`~datavine.coffea.DatavineExecutor` asks 
   ``register_pickle_by_value``, and the processor pickled again so that it takes effect.
 - :func:`with_datavine_reads`: coffea's uproot options get
   :class:`~datavine.coffea.source.DatavineSource` as ``handler`` (reads through the shards,
-  accounted), unless the user chose a handler.
+  accounted), unless the user chose a handler; and NanoEvents' buffers are kept in the
+  worker's column cache (:mod:`datavine.coffea.buffers`), unless the ``Runner`` has a
+  ``cachestrategy``.
 - :func:`find_x509_proxy`: the X509 proxy to send with the items, found as coffea does.
 """
 
@@ -35,6 +37,7 @@ from typing import TypeGuard, TypeVar
 
 import cloudpickle
 
+from datavine.coffea.buffers import worker_buffers
 from datavine.coffea.source import DatavineSource
 from datavine.safe_paths import check_own_file
 
@@ -183,15 +186,21 @@ def ship_code(function: Callable[[Item], T]) -> tuple[Callable[[Item], T], list[
 
 def with_datavine_reads(function: Callable[[Item], T]) -> Callable[[Item], T]:
     """coffea's work or metadata function with ``handler=DatavineSource`` in its uproot
-    options (unless a handler is set there already); any other function as is."""
+    options (unless a handler is set there already) and, for the work function, the
+    worker's column cache as NanoEvents' buffer cache (unless the ``Runner`` has a
+    ``cachestrategy``: :mod:`datavine.coffea.buffers`); any other function as is."""
     if _is_coffea(function, _WORK_FUNCTION):
         assert isinstance(function, functools.partial)
         if function.args and function.args[0] != "root":
             return function  # parquet
         options = dict(function.keywords.get("uproot_options") or {})
+        changes: dict[str, object] = {}
         if options.get("handler") is None:
             options["handler"] = DatavineSource
-            return _rebind(function, uproot_options=options)
+            changes["uproot_options"] = options
+        if _no_cache_strategy(function.keywords.get("cache_function")):
+            changes["cache_function"] = worker_buffers  # the worker's column cache
+        return _rebind(function, **changes) if changes else function
     elif _is_coffea(function, _METADATA_FETCHER) and len(function.args) >= 3:
         assert isinstance(function, functools.partial)
         options = dict(function.args[2] or {})
@@ -200,6 +209,13 @@ def with_datavine_reads(function: Callable[[Item], T]) -> Callable[[Item], T]:
             args = (*function.args[:2], options, *function.args[3:])
             return functools.partial(function.func, *args, **function.keywords)
     return function
+
+
+def _no_cache_strategy(cache_function: object) -> bool:
+    """Whether coffea's ``cache_function`` is its ``get_cache`` with no ``cachestrategy``."""
+    return (isinstance(cache_function, functools.partial)
+            and getattr(cache_function.func, "__name__", "") == "get_cache"
+            and cache_function.args in ((None,), ()))
 
 
 def _is_coffea(function: object, name: str) -> TypeGuard[functools.partial[object]]:

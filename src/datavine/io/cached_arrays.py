@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias, cast
 
 import awkward as ak
+import numpy as np
 
 from datavine.io import column_cache, reading
 from datavine.io.column_cache import ColumnKey
@@ -137,13 +138,13 @@ def _cached(cache: column_cache.ColumnCache, holder: Holder, tree: str, branches
         return _served(hit, branches, path, piece, None)
     ttree = holder if hasattr(holder, "arrays") else holder[tree]
     plain = _plain(ttree, missing, start, stop, path)
-    arrays, decoded = {}, 0
+    arrays, decoded = {}, sum(int(plain.arrays[name].nbytes) for name in missing)
+    keep = identity is not None and decoded <= cache.max_bytes  # else it would only churn
     for name in missing:
-        array = _own(plain.arrays[name])
+        array = _own(plain.arrays[name]) if keep else plain.arrays[name]
         nbytes = int(array.nbytes)
-        decoded += nbytes
         cache.missed(nbytes)
-        if identity is not None:
+        if keep:
             cache.put(ColumnKey(identity, tree, name, DEFAULT, start, stop), array, nbytes,
                       piece)
         arrays[name] = array
@@ -151,7 +152,30 @@ def _cached(cache: column_cache.ColumnCache, holder: Holder, tree: str, branches
 
 
 def _own(array: ak.Array) -> ak.Array:
-    """The array in buffers of its own, packed: what it keeps alive is what it shows."""
-    if isinstance(array, ak.Array):
-        return ak.copy(ak.to_packed(array))
-    return array
+    """The array in buffers of its own, packed: what it keeps alive is what it shows (a
+    copy only when it is a view into more: a range that cut baskets)."""
+    if not isinstance(array, ak.Array) or _compact(array.layout):
+        return array
+    return ak.copy(ak.to_packed(array))
+
+
+def _compact(layout: ak.contents.Content) -> bool:
+    """Whether the layout's buffers hold its data and nothing more (a flat array, or a list
+    of one over it, starting at 0: how uproot returns a branch read over whole baskets)."""
+    if isinstance(layout, ak.contents.NumpyArray):
+        return _owns(np.asarray(layout.data))
+    if isinstance(layout, ak.contents.ListOffsetArray):
+        offsets = np.asarray(layout.offsets.data)
+        return (len(offsets) > 0 and offsets[0] == 0 and _owns(offsets)
+                and layout.content.length == offsets[-1] and _compact(layout.content))
+    return False
+
+
+def _owns(data: np.ndarray) -> bool:
+    """Whether the memory under ``data`` is (about) ``data`` itself, not a larger buffer."""
+    base: object = data
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    size = base.nbytes if isinstance(base, (np.ndarray, memoryview)) else (
+        len(base) if isinstance(base, (bytes, bytearray)) else None)
+    return size is not None and size <= data.nbytes * 1.1 + 4096

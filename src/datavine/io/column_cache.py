@@ -158,7 +158,10 @@ class ColumnCache:
     def resize(self, max_bytes: int) -> int:
         """Bound the cache at ``max_bytes`` from now on; returns the bytes evicted."""
         self.max_bytes = max(0, int(max_bytes))
-        return self.evict_to(self.max_bytes)
+        freed = self.evict_to(self.max_bytes)
+        if freed:
+            trim()
+        return freed
 
     def clear(self) -> None:
         """Drop every column (a cold cache; the counters start again)."""
@@ -186,8 +189,6 @@ class ColumnCache:
             freed += entry.nbytes
             self.stats.evictions += 1
         self.stats.evicted_bytes += freed
-        if freed:
-            trim()
         return freed
 
     def _forget(self, entry: _Entry) -> None:
@@ -250,6 +251,7 @@ def settle(cache: ColumnCache, rss_limit: int) -> int:
         # evict what the excess asks for (at least a tenth of the cache), then look again
         step = max(rss - rss_limit, cache.bytes // 10, 1)
         evicted += cache.evict_to(max(0, cache.bytes - step))
+        trim()
         rss = rss_bytes()
     return evicted
 
