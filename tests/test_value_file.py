@@ -115,6 +115,24 @@ def test_a_value_stays_readable_after_its_file_is_dropped(tmp_path: Path) -> Non
     assert isinstance(a, np.ndarray) and float(a.sum()) == sum(range(1000))
 
 
+def _mappings_of(path: Path) -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(str(path) in line for line in maps)
+
+
+def test_the_mapping_lives_as_long_as_the_values_taken_from_it(tmp_path: Path) -> None:
+    """The library and its capped child live across many calls: a bundle's inputs must not
+    leave mappings (memory, and disk space TaskVine has freed) behind once the values are
+    gone."""
+    _write(tmp_path / "f", {"a": np.arange(1 << 20, dtype=np.float64), "b": 1})
+    opened = ValueFile.open(str(tmp_path / "f"))
+    a = opened.load("a")
+    del opened
+    assert _mappings_of(tmp_path / "f") == 1  # a view of the file's pages
+    del a
+    assert _mappings_of(tmp_path / "f") == 0
+
+
 def test_large_arrays_are_not_copied_into_the_pickle() -> None:
     big = np.ones(1 << 20)
     kept = value_file.pickled(big)
@@ -188,6 +206,7 @@ def test_a_bundles_kept_outputs_reach_its_consumers_whole(tmp_path: Path) -> Non
                           input_files=inputs, outputs=["sum", "twice"], inline_max=1024)
     done = _run(consumer, tmp_path)
     assert done.status is Status.OK, done.message
+    assert _mappings_of(tmp_path / "dv-in-1") == 0  # nothing of the inputs outlives the call
     assert np.array_equal(pickle.loads(done.values["sum"]), make(0) + make(1) + make(2) + make(3))
     assert np.array_equal(pickle.loads(done.values["twice"]), 2 * make(0))
     # the file still holds what was made: a retry, or another consumer, reads the same

@@ -88,6 +88,8 @@ class LibraryLog:
         """The states after the lines written since the last read (``now``: the caller's
         clock, recorded as the time of each change)."""
         for line in self._tail.lines():
+            if b" TASK " in line and b" DONE " not in line and b" READY " not in line:
+                continue  # a task's other states (5 lines a call): nothing read here
             fields = _fields(line)  # split once for both readings
             event = _library_event(fields)
             if event is not None:

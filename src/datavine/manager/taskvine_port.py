@@ -24,6 +24,7 @@ import inspect
 import pickle
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from datavine.manager.bundle_calls import BundleCalls, Ended, Flags, VineC
 from datavine.manager.environment import PackedEnv, declare_environment_files, use_environment
 from datavine.manager.listen import contact_host, listen_address, listening_on
 from datavine.manager.port import Finished
-from datavine.manager.taskvine_types import VineFile, VineManager, VineTask
+from datavine.manager.taskvine_types import VineFile, VineManager, VineStats, VineTask
 from datavine.scheduler.labels import worker_feature
 from datavine.worker import payload, remote
 
@@ -52,6 +53,7 @@ from datavine.worker import payload, remote
 MANAGER_TUNES = {"transient-error-interval": 2}
 # where a call's standard output is in its sandbox (vine_process.c): a bundle's result
 REPLY_FILE = ".taskvine.stdout"
+STATS_FOR_S = 0.01  # a look at TaskVine's statistics serves this long (one pool sample)
 
 
 def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
@@ -297,6 +299,7 @@ class TaskVinePort:
                   cvine.VINE_RESULT_SUCCESS), "run_bundle")
         self._call_class = in_memory_calls(self.vine)  # the warm-up calls'
         self.library: str | None = None  # the installed library's name: bundles call it
+        self._stats_seen: tuple[float, VineStats] | None = None  # (when, TaskVine's stats)
 
     @property
     def manager(self) -> VineManager:
@@ -326,18 +329,27 @@ class TaskVinePort:
             manager._free()  # the only way to delete a TaskVine manager deterministically
 
     # --- the pool --------------------------------------------------------------------------
+    def _stats(self) -> VineStats:
+        """TaskVine's statistics, looked at once per :data:`STATS_FOR_S`: each look walks
+        every worker (~0.3 ms at 256), and a pool sample asks for the pool's size and the
+        workers' counters one after the other."""
+        now = time.monotonic()
+        if self._stats_seen is None or now - self._stats_seen[0] >= STATS_FOR_S:
+            self._stats_seen = (now, self.manager.stats)
+        return self._stats_seen[1]
+
     def connected_workers(self) -> int:
         return int(self.manager.stats.workers_connected)
 
     def pool_size(self) -> tuple[int, int]:
-        """(workers, cores) connected, from one look at TaskVine's statistics: each look
-        walks every worker several times, so a loop turn takes one."""
-        stats = self.manager.stats
+        """(workers, cores) connected, from one look at TaskVine's statistics."""
+        stats = self._stats()
         return int(stats.workers_connected), int(stats.total_cores)
 
     def worker_counters(self) -> tuple[int, int]:
-        """(workers joined, workers removed) so far: free to read, unlike the list."""
-        stats = self.manager.stats
+        """(workers joined, workers removed) so far (a look at the statistics, not the
+        list)."""
+        stats = self._stats()
         return int(stats.workers_joined), int(stats.workers_removed)
 
     def worker_list(self) -> object:
