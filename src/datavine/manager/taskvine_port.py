@@ -293,13 +293,14 @@ class TaskVinePort:
         cvine = self.vine.cvine
         # the C functions themselves (the module cvine wraps each in a Python function)
         self._c = cast(VineC, getattr(cvine, "_cvine", cvine))
-        self._bundles = BundleCalls(
+        self._vine_calls = BundleCalls(
             self._c, self._inside._taskvine,
             Flags(cvine.VINE_CACHE_LEVEL_TASK, cvine.VINE_TRANSFER_ALWAYS,
                   cvine.VINE_RESULT_SUCCESS), "run_bundle")
         self._call_class = in_memory_calls(self.vine)  # the warm-up calls'
         self.library: str | None = None  # the installed library's name: bundles call it
         self._stats_seen: tuple[float, VineStats] | None = None  # (when, TaskVine's stats)
+        self._replies_in = 0  # bytes of the calls' replies taken (see file_bytes)
 
     @property
     def manager(self) -> VineManager:
@@ -324,7 +325,7 @@ class TaskVinePort:
     def close(self) -> None:
         """Shut the manager down now (not whenever the garbage collector gets to it)."""
         manager, self._manager = self._manager, None
-        self._bundles.forget()  # the manager frees what it still holds
+        self._vine_calls.forget()  # the manager frees what it still holds
         if manager is not None:
             manager._free()  # the only way to delete a TaskVine manager deterministically
 
@@ -371,7 +372,7 @@ class TaskVinePort:
         # what the library's function is called with (poncho reads it from the call's
         # infile): plain data, the bundle is bytes already, so pickle's C pickler
         event = {"fn_args": (payload, cap_mb, preload, limit_s, REPLY_FILE), "fn_kwargs": {}}
-        return self._bundles.submit(
+        return self._vine_calls.submit(
             self.library, pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL), features,
             {name: cast(_VineObject, file)._file for name, file in (fetch or {}).items()},
             {name: cast(_VineObject, file)._file for name, file in (store or {}).items()})
@@ -383,26 +384,34 @@ class TaskVinePort:
         task = self._c.vine_wait_for_tag(self._inside._taskvine, None, timeout_s)
         if task is None:
             return None
-        ended = self._bundles.take(task)
+        ended = self._take(task)
         if ended is None:
             self._bindings_task(task)
             return None
         return None if ended.withdrawn else finished(ended)
 
+    def _take(self, task: object) -> Ended | None:
+        """:meth:`BundleCalls.take`, counting the bytes of the reply (the result), which
+        TaskVine's file counters do not see: it comes as the call's standard output."""
+        ended = self._vine_calls.take(task)
+        if ended is not None and ended.reply:
+            self._replies_in += len(ended.reply)
+        return ended
+
     def cancel(self, task_id: int) -> None:
         """Withdraw a call that is not running (see :meth:`remove_library` for running)."""
-        self._bundles.cancel(task_id)
+        self._vine_calls.cancel(task_id)
 
     def call_state(self, task_id: int) -> str:
         """TaskVine's state of a call: READY (waiting), RUNNING, ... ('' once it is gone)."""
-        return self._bundles.state(task_id)
+        return self._vine_calls.state(task_id)
 
     def call_states(self, task_ids: Collection[int]) -> dict[int, str]:
         """:meth:`call_state` of several calls, in one go."""
-        return self._bundles.states(task_ids)
+        return self._vine_calls.states(task_ids)
 
     def call_worker(self, task_id: int) -> str | None:
-        return self._bundles.worker(task_id)
+        return self._vine_calls.worker(task_id)
 
     def declare_temp(self) -> object:
         """A TaskVine temp file: made by a call, kept in its worker's cache."""
@@ -428,10 +437,10 @@ class TaskVinePort:
         self.manager.undeclare_file(file)
 
     def file_bytes(self) -> tuple[int, int]:
-        """File bytes the manager sent and received so far (call arguments and results
-        included: function calls travel as files)."""
+        """Bytes of files the manager sent and received so far, the calls' arguments (buffers)
+        and results (their standard output, as base64 text) included."""
         stats = self.manager.stats
-        return int(stats.bytes_sent), int(stats.bytes_received)
+        return int(stats.bytes_sent), int(stats.bytes_received) + self._replies_in
 
     def network_fallback(self, block: Sequence[str], unblock: Sequence[str],
                          peers_off: bool) -> None:
@@ -526,7 +535,7 @@ class TaskVinePort:
         pointer = self._c.vine_wait_for_tag(self._inside._taskvine, None, timeout_s)
         if pointer is None:
             return None
-        ended = self._bundles.take(pointer)
+        ended = self._take(pointer)
         if ended is not None:  # a bundle's call of a run that is over: its answer is dropped
             return TaskDone(ended.id, ended.ok, None, ended.addrport, ended.result,
                             ended.exit_code)
