@@ -134,12 +134,6 @@ class BundleCalls:
         call = self._calls.get(task_id)
         return self._c.vine_task_get_state(call.task) if call is not None else ""
 
-    def states(self, task_ids: Iterable[int]) -> dict[int, str]:
-        """The states of several calls, in one go."""
-        get, calls = self._c.vine_task_get_state, self._calls
-        return {t: get(call.task) if (call := calls.get(t)) is not None else ""
-                for t in task_ids}
-
     def worker(self, task_id: int) -> str | None:
         """The address of the worker a call was sent to, if any."""
         call = self._calls.get(task_id)

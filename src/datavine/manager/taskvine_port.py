@@ -406,10 +406,6 @@ class TaskVinePort:
         """TaskVine's state of a call: READY (waiting), RUNNING, ... ('' once it is gone)."""
         return self._vine_calls.state(task_id)
 
-    def call_states(self, task_ids: Collection[int]) -> dict[int, str]:
-        """:meth:`call_state` of several calls, in one go."""
-        return self._vine_calls.states(task_ids)
-
     def call_worker(self, task_id: int) -> str | None:
         return self._vine_calls.worker(task_id)
 
