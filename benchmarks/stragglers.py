@@ -108,7 +108,8 @@ def drive(plan_path: Path) -> int:
         backups = dataclasses.asdict(backups)
     print(json.dumps({
         "seconds": seconds, "events": result.result.events,
-        "correct": bool(result.result == reference),
+        "correct": not differences(result.result, reference),
+        "differences": differences(result.result, reference),
         "backups": {str(k): int(v) for k, v in dict(backups).items()
                     if isinstance(v, (int, float))},
         "hosts": dict(summary.hosts) if summary is not None else {},
@@ -117,6 +118,19 @@ def drive(plan_path: Path) -> int:
         "first_result_s": max(first.values()) if first else None,
     }))
     return 0
+
+
+def differences(got: Any, want: Any) -> list[str]:
+    """What differs between two analysis results (ChunkResult): the histogram, the event
+    counts, the chunks merged. ``bytes_read`` is left out: it counts I/O, which a worker's
+    column cache saves (a retried or copied chunk finds its columns in memory)."""
+    out = [name for name in ("events", "events_selected", "chunks")
+           if getattr(got, name) != getattr(want, name)]
+    import numpy as np
+
+    out += [name for name in ("counts", "edges")
+            if not np.array_equal(getattr(got, name), getattr(want, name))]
+    return out
 
 
 # --- on this machine --------------------------------------------------------------------------
@@ -130,6 +144,7 @@ class Run:
     hosts: dict[str, int] = dataclasses.field(default_factory=dict)
     throttled: int | None = None  # slow-worker: periods the quota held the worker back
     first_result_s: float | None = None  # the last worker's first result (a stalled start)
+    differences: list[str] = dataclasses.field(default_factory=list)  # from the plain loop's
     load: float = 0.0
     error: str = ""
 
@@ -219,6 +234,7 @@ def run_once(args: argparse.Namespace, scenario: str, mode: str, data: Path,
         run.seconds, run.correct = record["seconds"], record["correct"]
         run.backups, run.hosts = record["backups"], record["hosts"]
         run.first_result_s = record.get("first_result_s")
+        run.differences = record.get("differences") or []
     finally:
         take_down(box)
     return run
@@ -350,7 +366,8 @@ def run_rounds(args: argparse.Namespace, modes: tuple[str, ...], scenarios: list
                 run = run_once(args, scenario, mode, data, files, reference, shard_mbit,
                                workdir)
                 runs.append(run)
-                shown = (f"{run.seconds:6.2f} s correct={run.correct} every worker's first "
+                wrong = f" ({', '.join(run.differences)} differ)" if run.differences else ""
+                shown = (f"{run.seconds:6.2f} s correct={run.correct}{wrong} every worker's first "
                          f"result by {fmt(run.first_result_s, '.1f')} s backups "
                          f"{run.backups or '-'} bundles {run.hosts}" if not run.error
                          else f"FAILED {run.error}")
