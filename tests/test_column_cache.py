@@ -277,3 +277,35 @@ def test_settle_evicts_until_the_process_is_under_its_bound() -> None:
     assert column_cache.settle(cache, 1) == 3 * 8 * 2**20  # never reachable: all go
     assert cache.bytes == 0 and cache.max_bytes == 1 << 30  # the bound stays
     assert cache.take_dropped() == {"/f@0-1", "/f@1-2", "/f@2-3", "/f@*"}
+
+
+def test_a_facility_file_sets_the_cache(tmp_path: Path) -> None:
+    from datavine.deploy.facility import load_facility
+
+    path = tmp_path / "facility.toml"
+    path.write_text("[run]\ncolumn_cache_mb = 256\ncolumn_cache_share = 0.25\n")
+    run = load_facility(path, check_files=False).run
+    assert (run.column_cache, run.column_cache_mb, run.column_cache_share) == (True, 256, 0.25)
+    path.write_text("[run]\ncolumn_cache = false\n")
+    assert load_facility(path, check_files=False).run.column_cache_budget_mb(1024) == 0
+
+
+def test_coffea_buffers_tell_a_copy_from_its_original(files: list[Path], tmp_path: Path) -> None:
+    """A copy keeps the ROOT UUID: coffea's buffer keys alone would serve the original's."""
+    import shutil
+
+    from datavine.coffea.buffers import WorkerBuffers
+    from datavine.io.reading import open_source
+
+    copy = tmp_path / "copy.root"
+    shutil.copyfile(files[0], copy)
+    buffers, key = WorkerBuffers(), "some-uuid/Events/0-100/partition/Jet_pt%2C%21load"
+    with reading(None, cache_mb=64) as ctx:
+        open_source(str(files[0])).close()
+        buffers[key] = np.arange(3)
+        assert np.array_equal(buffers.get(key), np.arange(3))  # the same file: a hit
+        open_source(str(copy)).close()  # the next item opens the copy
+        assert buffers.get(key) is None
+        records = ctx.records()
+    assert f"{files[0]}@0-100" in {r.lfn for r in records}
+    assert WorkerBuffers().get(key) is None  # outside a bundle: nothing

@@ -12,9 +12,10 @@ function's ``cache_function`` unless the user chose a ``cachestrategy``
 
 Only inside a datavine bundle with a cache bound does it keep anything; elsewhere it is an
 empty mapping that forgets what it is given. The file's identity is its UUID (coffea checks
-that the file it opens has the UUID it expects); its logical name, which placement matches
-against the work item's (:mod:`datavine.scheduler.pieces`), is that of the file the item
-opened last through the read layer. Imported on workers.
+that the file it opens has the UUID it expects) and, since a copy keeps its UUID, the file
+the item opened last through the read layer: a local file's device, inode, size and
+modification time, a URL's logical name. That logical name is also the one placement matches
+against the work item's (:mod:`datavine.scheduler.pieces`). Imported on workers.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ class WorkerBuffers(MutableMapping[str, object]):
     """A NanoEvents ``buffer_cache`` on the process's column cache (see the module)."""
 
     def get(self, key: str, default: object = None) -> object:
-        parsed = _parse(key)
         ctx = reading.current()
         cache = column_cache.cache()
+        parsed = _parse(key, ctx) if ctx is not None else None
         if parsed is None or ctx is None or cache.max_bytes <= 0:
             return default
         value = cache.get(parsed)
@@ -51,9 +52,9 @@ class WorkerBuffers(MutableMapping[str, object]):
         return value
 
     def __setitem__(self, key: str, value: object) -> None:
-        parsed = _parse(key)
         ctx = reading.current()
         cache = column_cache.cache()
+        parsed = _parse(key, ctx) if ctx is not None else None
         if parsed is None or ctx is None or cache.max_bytes <= 0:
             return
         nbytes = int(getattr(value, "nbytes", 0))
@@ -77,18 +78,28 @@ def worker_buffers() -> WorkerBuffers:
     return WorkerBuffers()
 
 
-def _parse(key: str) -> ColumnKey | None:
-    """The column key of a NanoEvents buffer key (``uuid/tree/start-stop/partition/form``)."""
+def _parse(key: str, ctx: reading.ReadContext) -> ColumnKey | None:
+    """The column key of a NanoEvents buffer key (``uuid/tree/start-stop/partition/form``),
+    its file known by the UUID and, for the local file the item opened, by its device,
+    inode, size and modification time too (a copy keeps the UUID: a corrupted or rewritten
+    copy must not be served the original's columns); None when it has no identity."""
+    if not ctx.opened:
+        return None
+    last = ctx.opened[-1]
+    where = (column_cache.file_identity(last.lfn) if last.server == "local"
+             else ("url", last.lfn))
+    if where is None:
+        return None
     parts = [unquote(x) for x in key.split("/")]
     if len(parts) < 5:
         return None
     uuid, tree, entries = parts[0], parts[1], parts[2]
     start, _, stop = entries.partition("-")
     try:
-        first, last = int(start), int(stop)
+        first, stop_ = int(start), int(stop)
     except ValueError:
         return None
-    return ColumnKey(("uuid", uuid), tree, "/".join(parts[3:]), KIND, first, last)
+    return ColumnKey(("uuid", uuid, where), tree, "/".join(parts[3:]), KIND, first, stop_)
 
 
 def _lfn(ctx: reading.ReadContext) -> str:
