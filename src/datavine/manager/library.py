@@ -22,7 +22,7 @@ from datavine.config import RunConfig
 from datavine.errors import EnvironmentStageError, LibraryFailedError
 from datavine.manager.environment import PackedEnv
 from datavine.manager.library_log import LibraryLog
-from datavine.manager.taskvine_port import TaskVinePort
+from datavine.manager.taskvine_port import TaskVinePort, library_queues_calls
 from datavine.protocol import BundleSpec
 from datavine.scheduler.network import LibraryState, overdue
 from datavine.scheduler.topology import Topology
@@ -170,17 +170,20 @@ class DatavineLibrary:
     # --- warmed up -------------------------------------------------------------------------------
     def warm_up(self, workers: dict[str, int], timeout_s: float) -> set[tuple[str, int]]:
         """Start the library on the named workers before any graph runs: an empty bundle per
-        core of each (``{worker id: cores}``), which also imports ``RunConfig.preload``. A
-        library takes ~1-2 s to start (a Python, cloudpickle, datavine); pools are pre-started
-        so that runs do not pay for that. Returns (worker id, library PID) of those that
-        answered within ``timeout_s``; the rest keep starting (their answers are ignored
-        later). Raises LibraryFailedError when the library keeps dying."""
+        function slot of each core of each (``{worker id: cores}``), which also imports
+        ``RunConfig.preload``. A library takes ~1-2 s to start (a Python, cloudpickle,
+        datavine); pools are pre-started so that runs do not pay for that. Returns (worker
+        id, library PID) of those that answered within ``timeout_s``; the rest keep starting
+        (their answers are ignored later). Raises LibraryFailedError when the library keeps dying."""
         self._warm = dict(workers)
         library = self.ensure()
         payload = self.port.dumps(EMPTY_BUNDLE)
         warming: dict[int, str] = {}  # call -> its worker
+        # an instance per core, each taking this many calls (patch 0015): enough empty
+        # bundles to fill every instance's slots start them all
+        slots = self.run_config.bundles_per_slot if library_queues_calls() else 1
         for worker, cores in workers.items():
-            for _ in range(cores):
+            for _ in range(cores * slots):
                 call = self.port.submit_warm_up(library, payload,
                                                 tuple(self.run_config.preload), worker)
                 warming[call] = worker
