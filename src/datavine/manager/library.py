@@ -174,7 +174,8 @@ class DatavineLibrary:
         ``RunConfig.preload``. A library takes ~1-2 s to start (a Python, cloudpickle,
         datavine); pools are pre-started so that runs do not pay for that. Returns (worker
         id, library PID) of those that answered within ``timeout_s``; the rest keep starting
-        (their answers are ignored later). Raises LibraryFailedError when the library keeps dying."""
+        (their answers are ignored later). Raises LibraryFailedError when the library keeps
+        dying."""
         self._warm = dict(workers)
         library = self.ensure()
         payload = self.port.dumps(EMPTY_BUNDLE)
