@@ -149,3 +149,21 @@ def test_the_project_build_queues_calls_and_the_library_asks_for_its_slots() -> 
     from datavine.manager.taskvine_port import library_queues_calls
 
     assert library_queues_calls()
+
+
+def test_a_call_queued_behind_a_cancelled_one_runs_and_answers(one_core: Runtime,
+                                                               tmp_path: Path) -> None:
+    rt = one_core
+    rt.ensure_library()
+    results = Results(rt)
+    long = rt.submit_bundle(payload(rt, sleep_then_mark, 60.0, str(tmp_path / "long")), 500.0,
+                            (), None)
+    assert results.until(lambda: rt.call_state(long) == "RUNNING", 20)
+    queued = rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / "q")), 500.0,
+                              (), None)
+    assert results.until(lambda: rt.call_state(queued) == "RUNNING", 20)
+    time.sleep(0.5)
+    rt.cancel(long)  # it runs; ``queued`` waits behind it in the library's pipe
+    got = results.wait_for({queued}, 30)
+    assert queued in got and got[queued].ok, f"the queued call came back as {got}"
+    assert (tmp_path / "q").exists() and not (tmp_path / "long").exists()
