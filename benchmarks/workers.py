@@ -16,11 +16,11 @@ time per bundle (datavine's planner, placement and caps, timed by wrapping those
 manager RSS, memory per worker (drop of MemAvailable over the cluster's start / N), and
 workers lost. The same graph runs on
 DaskVine function-calls (``--daskvine-max``) and distributed (``--distributed-max``) where
-they fit. A count that would not fit in memory (measured per worker at the previous count)
-is skipped and the reason printed.
+they fit. A count that would not fit in memory (the resident memory of each worker's
+processes at the previous count) is skipped and the reason printed.
 
     .venv/bin/python benchmarks/workers.py [--counts 8 32 128 256] [--sleep 10] [--waves 3]
-        [--repeat 3] [--daskvine-max 32] [--distributed-max 32]
+        [--repeat 3] [--daskvine-max 32] [--distributed-max 32] [--no-speculation]
 
 Last line: ``concurrency_ratio_<largest>=... manager_cpu_per_bundle_growth=...
 decision_us_per_bundle=... workers_lost=... largest=...``.
@@ -111,6 +111,25 @@ def mem_available_mb() -> float:
     return 0.0
 
 
+def sessions_rss_mb(sessions: set[int]) -> float:
+    """Resident memory of every process in the sessions ``sessions`` (a local worker leads a
+    session of its own, with its library and their children), from /proc."""
+    page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            resident = int((entry / "statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces, so after its ')'
+        if int(stat.rpartition(")")[2].split()[3]) in sessions:
+            total += resident * page_mb
+    return total
+
+
 def rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -184,7 +203,8 @@ def timed_waits() -> Iterator[list[float]]:
         Runtime.wait = original  # type: ignore[method-assign]
 
 
-def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
+def run_datavine(n: int, sleep: float, waves: int, repeat: int,
+                 speculation: bool = True) -> Run:
     """``repeat`` runs on one cluster; the best (least manager CPU per bundle) counts, the
     others are in the note (the machine is shared: load moves the figures)."""
     import datavine
@@ -192,12 +212,15 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
 
     before = mem_available_mb()
     started = time.perf_counter()
-    run_cfg = RunConfig(memory=None, no_worker_timeout_s=300)
+    run_cfg = RunConfig(memory=None, no_worker_timeout_s=300, speculation=speculation)
     runs = []
     with datavine.LocalCluster(workers=n, cores=1, run=run_cfg,
                                connect_timeout_s=900) as cluster:
         start_s = time.perf_counter() - started
         per_worker = (before - mem_available_mb()) / n
+        # what the next count's fit is judged by: the workers' own memory (MemAvailable moves
+        # with everything else on the host: at 8 workers a 0.5 GB swing read as 69 MB each)
+        rss_per_worker = sessions_rss_mb(set(cluster._worker_pids().values())) / n
         warm = len(cluster.warm_libraries)
         lost = retries = 0
         for i in range(repeat):
@@ -215,7 +238,8 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int) -> Run:
                             start_s=start_s, bundles=summary.bundles, cpu_s=cpu,
                             decision_s=spent[0], rss_mb=rss_mb(), mb_per_worker=per_worker,
                             extra={"process_cpu_s": pcpu, "load": os.getloadavg()[0],
-                                   "taskvine_wait_cpu_s": waited[0]}))
+                                   "taskvine_wait_cpu_s": waited[0],
+                                   "rss_per_worker_mb": rss_per_worker}))
         # what the loop costs per second with one bundle in flight (housekeeping: the pool
         # sampled once a second, TaskVine's wait polling the workers): at few workers and
         # long bundles this, not the bundles, is most of the CPU per bundle
@@ -309,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waves", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3,
                         help="datavine runs per count on one cluster; the best counts")
+    parser.add_argument("--no-speculation", dest="speculation", action="store_false",
+                        help="RunConfig(speculation=False): no backup copies (to measure "
+                             "what looking for them costs the manager)")
     parser.add_argument("--daskvine-max", type=int, default=32)
     parser.add_argument("--distributed-max", type=int, default=32)
     args = parser.parse_args(argv)
@@ -322,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             if not ok:
                 print(f"# skipped {n} workers: {why}", flush=True)
                 continue
-        run = run_datavine(n, args.sleep, args.waves, args.repeat)
-        mb_per_worker = max(mb_per_worker, run.mb_per_worker)
+        run = run_datavine(n, args.sleep, args.waves, args.repeat, args.speculation)
+        mb_per_worker = max(mb_per_worker, run.extra.get("rss_per_worker_mb", run.mb_per_worker))
         runs.append(run)
         print(f"# datavine {n}: {run.wall_s:.2f} s, ratio {run.concurrency_ratio:.3f}, "
               f"{1e3 * run.cpu_s / max(run.bundles, 1):.2f} ms CPU per bundle "
