@@ -98,10 +98,11 @@ def testbed(dataset: Dataset) -> Iterator[Any]:
 def _cluster(tmp_path_factory: pytest.TempPathFactory, testbed: Any,
              placement: datavine.PlacementPolicy | None) -> datavine.LocalCluster:
     # no backup copies: a late copy reads through the next shard in line, which would cache
-    # its file there too (these tests check where placement alone puts each file)
+    # its file there too (these tests check where placement alone puts each file); no column
+    # cache: each run reads its bytes through the shards (a rerun would read none)
     run = datavine.RunConfig(placement=placement, shardmap=testbed.shard_map(),
                              no_worker_timeout_s=30, timeout_s=RUN_TIMEOUT_S,
-                             speculation=False)
+                             speculation=False, column_cache=False)
     manager = datavine.ManagerConfig(run_dir=tmp_path_factory.mktemp("locality"))
     return datavine.LocalCluster(workers=4, cores=1, racks=WORKER_RACKS, manager=manager,
                                  run=run)

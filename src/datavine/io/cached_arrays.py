@@ -129,7 +129,8 @@ def _cached(cache: column_cache.ColumnCache, holder: Holder, tree: str, branches
             start: int | None, stop: int | None, path: str) -> Read:
     """Through the cache, ``holder`` an open directory (its ``tree`` is opened only if a
     column is missing) or the TTree itself."""
-    uuid = None if "://" not in path else holder.file.uuid
+    # a URL: its UUID, and its length (a copy keeps the UUID); a local file: by stat
+    uuid = None if "://" not in path else (str(holder.file.uuid), holder.file.fEND)
     identity = column_cache.file_identity(path, uuid)
     hit = _lookup(cache, identity, tree, branches, start, stop)
     missing = [name for name in branches if name not in hit]

@@ -258,8 +258,9 @@ def settle(cache: ColumnCache, rss_limit: int) -> int:
 
 def file_identity(path: str, uuid: object = None) -> Hashable:
     """What names one version of a file: a local path's device, inode, size and modification
-    time (read without opening it: a hit opens nothing); a URL's ROOT UUID. None (its
-    columns are not cached): a local file that is gone, a URL whose UUID is not known."""
+    time (read without opening it: a hit opens nothing); a URL's ``uuid`` (its ROOT UUID,
+    and its length: a copy keeps the UUID). None (its columns are not cached): a local file
+    that is gone, a URL whose UUID is not known."""
     if "://" in path and not path.startswith("file://"):
         return None if uuid is None else ("url", path, str(uuid))
     local = path[len("file://"):] if path.startswith("file://") else path
