@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from datavine.io.shards import ShardMap
 from datavine.protocol import BundleResult, Status
+from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.run_messages import Deliver, Fail, PoolSample, Submit, Withdraw
 from datavine.scheduler.speculation import IdleWorker, Lanes, OutCall, choose, late
 from tests.test_run_state import CFG, Pool, of
@@ -198,3 +199,23 @@ def test_the_run_asks_for_a_look_at_its_tail_until_it_knows_where_its_calls_run(
     no_copies = two_workers({"x": (plus, 1, 2)}, ["x"], replace(SPEC, speculation=False))
     no_copies.tick()
     assert not no_copies.state.wants_look
+
+
+def chunk_len(chunk: tuple[str, int, int]) -> int:
+    return chunk[2] - chunk[1]
+
+
+def test_a_waiting_call_whose_worker_holds_its_columns_is_not_copied() -> None:
+    """It runs there soon, from memory (issue 30's column cache): a copy elsewhere would
+    decode the same columns again."""
+    chunks = [(f"/data/f{i}.root", 0, 100) for i in range(3)]
+    pool = two_workers({("t", i): (chunk_len, c) for i, c in enumerate(chunks)},
+                       [("t", i) for i in range(3)])
+    c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
+    held = {s: pool.out[s].keys[0] for s in (c1, c2, c3)}
+    topology = pool.state.learned.topology
+    (piece,) = task_pieces(pool.state.graph.nodes[held[c2]])
+    topology.read(topology.workers["w1"], [piece])
+    placed(pool, {c1: "w1", c2: "w1", c3: "w2"})
+    pool.finish(c3, "w2")
+    assert of(Submit, pool.tick()) == []

@@ -57,6 +57,7 @@ from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reaso
 from datavine.scheduler.memory import GiveUp
 from datavine.scheduler.network import Finding
 from datavine.scheduler.once import FirstSeen
+from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.run_messages import (
     CallDone,
@@ -372,13 +373,25 @@ class RunState:
             worker = self.lanes.on.get(call)
             if worker is None or entry.again is not None or call in self.copy_of:
                 continue
-            out.append(OutCall(call, worker, self.lanes.queued(call), self.lanes.began.get(call),
+            queued = self.lanes.queued(call)
+            if queued and self._held_on(entry.bundle, worker):
+                continue  # its worker holds its columns: it runs there soon, from memory
+            out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
                                self._expected(entry.bundle), self._files_rack(entry.bundle)))
         racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
         for chosen, worker in choose(out, self.lanes.idle(racks), now,
                                      late_factor=self.cfg.speculation_after,
                                      late_slack_s=self.cfg.speculation_slack_s)[:free]:
             self._copy(chosen, worker)
+
+    def _held_on(self, bundle: Bundle, worker: str) -> bool:
+        """Whether ``worker``'s column cache holds a piece its bundle reads: a copy
+        elsewhere would decode what that worker serves from memory."""
+        known = self.learned.topology.workers.get(worker)
+        if known is None or not bundle.files:
+            return False
+        return any(piece in known.files_read for key in bundle.keys
+                   for piece in task_pieces(self.graph.nodes[key]))
 
     def _expected(self, bundle: Bundle) -> float | None:
         """The bundle's expected run time from its tasks' measured costs (None: unknown)."""
