@@ -180,7 +180,13 @@ def open_peer(peer: str, args: argparse.Namespace, stack: contextlib.ExitStack
         cluster = stack.enter_context(datavine.LocalCluster(
             workers=args.workers, cores=args.cores,
             manager=datavine.ManagerConfig(run_dir=common.run_dir("datavine")), **options))
-        return via(cluster.get), shape + ("; RunConfig(memory=None)" if options else "")
+        run = via(cluster.get)
+
+        def cold(chunks: list[agc.Chunk]) -> Any:
+            cluster.drop_caches()  # decoded from the files each time, as every peer's run
+            return run(chunks)
+
+        return cold, shape + ("; RunConfig(memory=None)" if options else "")
     raise ValueError(f"unknown peer {peer!r}: choose from {', '.join(PEERS)}")
 
 
