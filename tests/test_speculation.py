@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from datavine.config import RunConfig
 from datavine.io.shards import ShardMap
 from datavine.protocol import BundleResult, Status
 from datavine.scheduler.pieces import task_pieces
@@ -19,7 +20,7 @@ from datavine.scheduler.speculation import IdleWorker, Lanes, OutCall, choose, l
 from tests.test_run_state import CFG, Pool, of
 
 SPEC = replace(CFG, bundles_per_slot=2, speculation=True, speculation_after=2.0,
-               speculation_slack_s=0.2)
+               speculation_slack_s=0.2, speculation_waiting=True)
 ADDR = {"w1": "10.0.0.1:1", "w2": "10.0.0.2:1"}
 
 
@@ -219,3 +220,18 @@ def test_a_waiting_call_whose_worker_holds_its_columns_is_not_copied() -> None:
     placed(pool, {c1: "w1", c2: "w1", c3: "w2"})
     pool.finish(c3, "w2")
     assert of(Submit, pool.tick()) == []
+
+
+def test_by_default_only_late_calls_are_copied() -> None:
+    """RunConfig's default: a call that only waits behind another is not copied (no tail
+    stealing), a late one is."""
+    pool = two_workers({("t", i): (plus, i, 10) for i in range(3)},
+                       [("t", i) for i in range(3)], replace(SPEC, speculation_waiting=False))
+    assert not RunConfig().speculation_waiting and RunConfig().speculation
+    pool.state.learned.costs.observe("t", 1, 0.1)
+    c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
+    placed(pool, {c1: "w1", c2: "w1", c3: "w2"})
+    pool.finish(c3, "w2")
+    assert of(Submit, pool.tick(0.1)) == [] and not pool.state.wants_look
+    (copy,) = of(Submit, pool.tick(1.0))  # c1 is late now (c2 still only waits)
+    assert copy.keys == pool.out[c1].keys

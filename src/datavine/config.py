@@ -163,7 +163,11 @@ class RunConfig:
             library, or running past ``speculation_after`` x its expected time plus
             ``speculation_slack_s``, gets a copy on the idle core (reading through the next
             shard in line); the first result wins, the other copy is cancelled. Counted in
-            the run summary (``backups``).
+            the run summary (``backups``). ``speculation_waiting``: also copy calls that
+            only wait behind another in a busy worker's library (off by default: on this
+            2-core machine it gained nothing measurable, its cancels stop running calls,
+            whose capped child takes the worker's column cache with it, and twice a run
+            stalled 60 s after such a cancel; see benchmarks/README.md, stragglers).
         column_cache: workers keep the columns they decoded (:mod:`datavine.io.column_cache`),
             across bundles and runs of the cluster, and placement prefers the worker that
             holds a file's columns; reads through :func:`datavine.io.cached_arrays.read_arrays`
@@ -201,6 +205,7 @@ class RunConfig:
     speculation: bool = True
     speculation_after: float = 2.0
     speculation_slack_s: float = 0.2
+    speculation_waiting: bool = False
     column_cache: bool = True
     column_cache_share: float = 0.5
     column_cache_mb: float | None = None
@@ -289,6 +294,7 @@ class RunChanges(TypedDict, total=False):
     speculation: bool
     speculation_after: float
     speculation_slack_s: float
+    speculation_waiting: bool
     column_cache: bool
     column_cache_share: float
     column_cache_mb: float | None

@@ -169,7 +169,8 @@ RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "time_limits": _float_map, "task_time_limit_s": _float,
                              "library_start_timeout_s": _float, "library_from_peers": _bool,
                              "speculation": _bool, "speculation_after": _float,
-                             "speculation_slack_s": _float, "column_cache": _bool,
+                             "speculation_slack_s": _float,
+                             "speculation_waiting": _bool, "column_cache": _bool,
                              "column_cache_share": _float, "column_cache_mb": _float}
 XCACHE_KEYS: dict[str, Kind] = {"origin": _str, "export_root": _path, "shards": lambda v, w: v}
 SHARD_KEYS: dict[str, Kind] = {"url": _str, "rack": _str, "name": _str, "weight": _float}

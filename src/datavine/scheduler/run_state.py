@@ -166,7 +166,8 @@ class RunState:
         now: nothing more waits to be sent, and some call out is not known to be on a
         worker (its target was a rack or anywhere). The driver then looks more often than
         once a second, so a run's tail does not wait for its next sample."""
-        return (self.cfg.speculation and bool(self.inflight) and not self.planner.n_ready
+        return (self.cfg.speculation and self.cfg.speculation_waiting and bool(self.inflight)
+                and not self.planner.n_ready
                 and not len(self.dispatch.held)
                 and any(call not in self.lanes.on for call in self.inflight))
 
@@ -374,8 +375,9 @@ class RunState:
             if worker is None or entry.again is not None or call in self.copy_of:
                 continue
             queued = self.lanes.queued(call)
-            if queued and self._held_on(entry.bundle, worker):
-                continue  # its worker holds its columns: it runs there soon, from memory
+            if queued and (not self.cfg.speculation_waiting
+                           or self._held_on(entry.bundle, worker)):
+                continue  # (held: its worker holds its columns, it runs there soon)
             out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
                                self._expected(entry.bundle), self._files_rack(entry.bundle)))
         racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
