@@ -70,6 +70,24 @@ class Results:
         return {c: self.got[c] for c in calls if c in self.got}
 
 
+def submit(rt: Runtime, seconds: float, mark: Path) -> int:
+    """A capped call that sleeps ``seconds``, then leaves ``mark``."""
+    return rt.submit_bundle(payload(rt, sleep_then_mark, seconds, str(mark)), 500.0, (), None)
+
+
+def one_behind_another(rt: Runtime, results: Results, tmp_path: Path,
+                       seconds: float) -> tuple[int, int]:
+    """A call that runs ``seconds`` (mark ``first``) and one sent after it started, which
+    waits behind it in the library's pipe (mark ``queued``)."""
+    first = submit(rt, seconds, tmp_path / "first")
+    assert results.until(lambda: rt.call_state(first) == "RUNNING", 20)
+    queued = submit(rt, 0.0, tmp_path / "queued")
+    both_sent = results.until(lambda: rt.call_state(queued) == "RUNNING", 20)
+    assert both_sent, (f"the worker took {rt.call_state(first)}/{rt.call_state(queued)}: the "
+                       "library's second slot (patch 0015) is missing")
+    return first, queued
+
+
 @pytest.fixture
 def one_core(tmp_path: Path) -> Iterator[Runtime]:
     """A cluster of one one-core worker, its library started, memory caps on."""
@@ -78,65 +96,50 @@ def one_core(tmp_path: Path) -> Iterator[Runtime]:
                                run=RunConfig()) as cluster:
         rt = cluster.runtime
         assert rt is not None
+        rt.ensure_library()
         yield rt
 
 
-def test_two_calls_on_a_one_core_worker_are_both_at_the_worker(one_core: Runtime,
-                                                               tmp_path: Path) -> None:
+@pytest.fixture
+def results(one_core: Runtime) -> Results:
+    return Results(one_core)
+
+
+def test_two_calls_on_a_one_core_worker_are_both_at_the_worker(
+        one_core: Runtime, results: Results, tmp_path: Path) -> None:
     rt = one_core
-    rt.ensure_library()
-    results = Results(rt)
-    first = rt.submit_bundle(payload(rt, sleep_then_mark, 3.0, str(tmp_path / "a")), 500.0,
-                             (), None)
-    assert results.until(lambda: rt.call_state(first) == "RUNNING", 20)
-    second = rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / "b")), 500.0,
-                              (), None)
-    both_sent = results.until(lambda: rt.call_state(first) == rt.call_state(second) == "RUNNING",
-                              20)
-    assert both_sent, (f"the worker took {rt.call_state(first)}/{rt.call_state(second)}: the "
-                       "library's second slot (patch 0015) is missing")
+    first, second = one_behind_another(rt, results, tmp_path, 3.0)
+    assert rt.call_state(first) == "RUNNING"
     got = results.wait_for({first, second}, 30)
     assert len(got) == 2 and all(r.ok for r in got.values())
 
 
-def test_a_call_cancelled_in_the_queue_is_skipped_and_frees_its_slot(one_core: Runtime,
-                                                                     tmp_path: Path) -> None:
+def test_a_call_cancelled_in_the_queue_is_skipped_and_frees_its_slot(
+        one_core: Runtime, results: Results, tmp_path: Path) -> None:
     rt = one_core
-    rt.ensure_library()
-    results = Results(rt)
-    first = rt.submit_bundle(payload(rt, sleep_then_mark, 3.0, str(tmp_path / "a")), 500.0,
-                             (), None)
-    assert results.until(lambda: rt.call_state(first) == "RUNNING", 20)
-    queued = rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / "q")), 500.0,
-                              (), None)
-    assert results.until(lambda: rt.call_state(queued) == "RUNNING", 20)
+    first, queued = one_behind_another(rt, results, tmp_path, 3.0)
     rt.cancel(queued)  # it waits in the library's pipe behind ``first``
     got = results.wait_for({first}, 30)
     assert got[first].ok
     pid = got[first].pid
     # the slot the cancelled call held comes back: two more calls both run, in that library
-    later = {rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / f"l{i}")),
-                              500.0, (), None) for i in range(2)}
+    later = {submit(rt, 0.0, tmp_path / f"later-{i}") for i in range(2)}
     after = results.wait_for(later, 30)
     assert len(after) == 2, "a call waited for a slot the cancelled call never gave back"
     assert {r.pid for r in after.values()} == {pid}, "the library died and was restarted"
-    assert not (tmp_path / "q").exists(), "the cancelled call ran"
+    assert not (tmp_path / "queued").exists(), "the cancelled call ran"
 
 
-def test_a_running_capped_call_that_is_cancelled_is_stopped(one_core: Runtime,
-                                                             tmp_path: Path) -> None:
+def test_a_running_capped_call_that_is_cancelled_is_stopped(
+        one_core: Runtime, results: Results, tmp_path: Path) -> None:
     rt = one_core
-    rt.ensure_library()
-    results = Results(rt)
     warm = results.wait_for({rt.submit_bundle(payload(rt, os.getpid), 500.0, (), None)}, 30)
     (library,) = {r.pid for r in warm.values()}
-    long = rt.submit_bundle(payload(rt, sleep_then_mark, 60.0, str(tmp_path / "long")), 500.0,
-                            (), None)
+    long = submit(rt, 60.0, tmp_path / "long")
     assert results.until(lambda: rt.call_state(long) == "RUNNING", 20)
     time.sleep(0.5)  # it runs in the library's capped child now
     rt.cancel(long)
-    after = rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / "after")),
-                             500.0, (), None)
+    after = submit(rt, 0.0, tmp_path / "after")
     got = results.wait_for({after}, 30)  # far less than the 60 s the cancelled call sleeps
     assert after in got and got[after].ok, "the next call waited for a cancelled one"
     assert got[after].pid == library, "the library died and was restarted"
@@ -151,19 +154,12 @@ def test_the_project_build_queues_calls_and_the_library_asks_for_its_slots() -> 
     assert library_queues_calls()
 
 
-def test_a_call_queued_behind_a_cancelled_one_runs_and_answers(one_core: Runtime,
-                                                               tmp_path: Path) -> None:
+def test_a_call_queued_behind_a_cancelled_one_runs_and_answers(
+        one_core: Runtime, results: Results, tmp_path: Path) -> None:
     rt = one_core
-    rt.ensure_library()
-    results = Results(rt)
-    long = rt.submit_bundle(payload(rt, sleep_then_mark, 60.0, str(tmp_path / "long")), 500.0,
-                            (), None)
-    assert results.until(lambda: rt.call_state(long) == "RUNNING", 20)
-    queued = rt.submit_bundle(payload(rt, sleep_then_mark, 0.0, str(tmp_path / "q")), 500.0,
-                              (), None)
-    assert results.until(lambda: rt.call_state(queued) == "RUNNING", 20)
+    long, queued = one_behind_another(rt, results, tmp_path, 60.0)
     time.sleep(0.5)
     rt.cancel(long)  # it runs; ``queued`` waits behind it in the library's pipe
     got = results.wait_for({queued}, 30)
     assert queued in got and got[queued].ok, f"the queued call came back as {got}"
-    assert (tmp_path / "q").exists() and not (tmp_path / "long").exists()
+    assert (tmp_path / "queued").exists() and not (tmp_path / "first").exists()
