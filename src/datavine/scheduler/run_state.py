@@ -625,9 +625,13 @@ class RunState:
                 self.dispatch.anywhere.update(entry.bundle.keys)
             self.planner.requeue(entry.bundle)
 
-    def _forget(self, call: int, *, succeeded: bool = False) -> Inflight | None:
+    def _forget(self, call: int, *, succeeded: bool = False,
+                why: str = "its first copy ended") -> Inflight | None:
+        """A call is no longer out: its slot is free, its backup copy (if any) cancelled,
+        and unless it ``succeeded`` the temps it was to make will never be."""
         entry = self.inflight.pop(call, None)
         if entry is not None:
+            self._cancel_copy(call, why)
             self.learned.topology.returned(entry.target)
             self.lanes.remove(call, self.now)
             if not succeeded:
@@ -640,12 +644,11 @@ class RunState:
             self._copy_done(done)
             return
         result = done.result
-        entry = self._forget(done.call, succeeded=result is not None and result.ok)
+        ok = result is not None and result.ok
+        entry = self._forget(done.call, succeeded=ok, why="its first copy came back first"
+                             if ok else "its first copy failed: the bundle is retried as a whole")
         if entry is None:
             return  # a call withdrawn earlier
-        self._cancel_copy(done.call, "its first copy came back first"
-                          if result is not None and result.ok else
-                          "its first copy failed: the bundle is retried as a whole")
         if done.unreadable is not None:
             self._fail(done.unreadable, entry.bundle, Reason.PROTOCOL)
         if result is None:  # the library or its worker died under the call
@@ -801,6 +804,9 @@ class RunState:
             if lost_set & entry.plan.fetch.keys():  # ready again once its inputs are
                 self._withdraw(call, _Again(Reason.REQUEUED, "an input it fetches was lost "
                                             "with the worker that kept it", retry=False))
+        for copy, entry in list(self.backups.items()):
+            if lost_set & entry.plan.fetch.keys() and copy in self.copied_from:
+                self._cancel_copy(self.copied_from[copy], "an input it fetches was lost")
         self.summary.recomputed += len(undone)
         self.summary.failures.append(
             f"{len(lost)} values kept on lost workers: {len(undone)} tasks run again "
