@@ -65,6 +65,7 @@ class GraphRun:
         self.tasks: dict[int, int] = {}  # the state's call -> TaskVine task id
         self.calls: dict[int, int] = {}  # TaskVine task id -> call
         self.temps: dict[int, object] = {}  # the state's temp -> TaskVine file
+        self.unwithdrawn: set[int] = set()  # calls the state withdrew while they ran
         self.encoder = BundleEncoder()  # the run's functions pickled once (worker/payload.py)
         self.progress = RunProgress(len(graph), enabled=cfg.progress)
         self.bytes_at_start = rt.file_bytes()
@@ -94,6 +95,8 @@ class GraphRun:
                         last_sample = now
                     events.append(Tick(now, *self.pool))
                     self._apply(state.handle(*events))
+                    if self.unwithdrawn:  # asked to withdraw while they ran: waiting again?
+                        self._apply([Withdraw(call) for call in sorted(self.unwithdrawn)])
                     done = self.rt.wait(int(self.cfg.wait_s))
                     call = self.calls.pop(done.id, None) if done is not None else None
                     if done is not None and call is not None:
@@ -138,11 +141,14 @@ class GraphRun:
                 self._submit(ins)
             elif isinstance(ins, Withdraw):
                 task = self.tasks.get(ins.call)
+                self.unwithdrawn.discard(ins.call)
                 if task is not None and (ins.running or self.rt.call_state(task) == TASK_READY):
                     self.rt.cancel(task)
                     self.sink.gone(ins.call)
                     del self.tasks[ins.call], self.calls[task]
                     pending.extend(self.state.handle(CallWithdrawn(ins.call)))
+                elif task is not None:  # left running; withdrawn once TaskVine puts it back to
+                    self.unwithdrawn.add(ins.call)  # wait (for an input lost with a worker)
             elif isinstance(ins, DropTemp):
                 file = self.temps.pop(ins.temp, None)
                 if file is not None:
