@@ -163,8 +163,9 @@ class RunConfig:
             library, or running past ``speculation_after`` x its expected time plus
             ``speculation_slack_s``, gets a copy on the idle core (reading through the next
             shard in line); the first result wins, the other copy is cancelled. Counted in
-            the run summary (``backups``). ``speculation_waiting``: also copy calls that
-            only wait behind another in a busy worker's library (off by default: on this
+            the run summary (``backups``). A call waiting behind a late one in a worker's
+            library is copied too (first). ``speculation_waiting``: also copy calls that
+            only wait behind one on time (tail stealing; off by default: on this
             2-core machine it gained nothing measurable, its cancels stop running calls,
             whose capped child takes the worker's column cache with it, and twice a run
             stalled 60 s after such a cancel; see benchmarks/README.md, stragglers).

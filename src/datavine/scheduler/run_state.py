@@ -73,7 +73,7 @@ from datavine.scheduler.run_messages import (
     Tick,
     Withdraw,
 )
-from datavine.scheduler.speculation import Lanes, OutCall, choose
+from datavine.scheduler.speculation import Lanes, OutCall, choose, late
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Target, counted_tier
 
@@ -166,8 +166,7 @@ class RunState:
         now: nothing more waits to be sent, and some call out is not known to be on a
         worker (its target was a rack or anywhere). The driver then looks more often than
         once a second, so a run's tail does not wait for its next sample."""
-        return (self.cfg.speculation and self.cfg.speculation_waiting and bool(self.inflight)
-                and not self.planner.n_ready
+        return (self.cfg.speculation and bool(self.inflight) and not self.planner.n_ready
                 and not len(self.dispatch.held)
                 and any(call not in self.lanes.on for call in self.inflight))
 
@@ -375,8 +374,8 @@ class RunState:
             if worker is None or entry.again is not None or call in self.copy_of:
                 continue
             queued = self.lanes.queued(call)
-            if queued and (not self.cfg.speculation_waiting
-                           or self._held_on(entry.bundle, worker)):
+            if queued and not self._behind_late(worker, now) and (
+                    not self.cfg.speculation_waiting or self._held_on(entry.bundle, worker)):
                 continue  # (held: its worker holds its columns, it runs there soon)
             out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
                                self._expected(entry.bundle), self._files_rack(entry.bundle)))
@@ -385,6 +384,18 @@ class RunState:
                                      late_factor=self.cfg.speculation_after,
                                      late_slack_s=self.cfg.speculation_slack_s)[:free]:
             self._copy(chosen, worker)
+
+    def _behind_late(self, worker: str, now: float) -> bool:
+        """Whether a call running on ``worker`` is late: the calls waiting behind it there
+        wait for a straggler, and are copied even without ``speculation_waiting``."""
+        for call in self.lanes.lane.get(worker, ())[:self._cores_of(worker)]:
+            entry = self.inflight.get(call) or self.backups.get(call)
+            if entry is not None and late(
+                    OutCall(call, worker, False, self.lanes.began.get(call),
+                            self._expected(entry.bundle)),
+                    now, self.cfg.speculation_after, self.cfg.speculation_slack_s):
+                return True
+        return False
 
     def _held_on(self, bundle: Bundle, worker: str) -> bool:
         """Whether ``worker``'s column cache holds a piece its bundle reads: a copy
