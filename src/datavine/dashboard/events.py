@@ -52,10 +52,10 @@ if TYPE_CHECKING:
     from datavine.io.shards import ShardMap
     from datavine.manager.port import Finished
     from datavine.scheduler.graph import TaskGraph
+    from datavine.scheduler.inflight import Inflight
     from datavine.scheduler.known_workers import KnownWorker
     from datavine.scheduler.network import LibraryState
     from datavine.scheduler.run_messages import PoolSample, Submit
-    from datavine.scheduler.run_state import Inflight
     from datavine.scheduler.summary import RunSummary
 
 FLUSH_S = 0.5  # at most this long between a record and its write (pool records flush too)

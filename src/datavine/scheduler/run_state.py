@@ -19,7 +19,9 @@ story of the bundle it failed on, and :meth:`RunState.validate` checks that the 
 the calls in flight, the dispatcher's held bundles and the planner agree.
 
 The decisions are the pure modules': bundles from :mod:`datavine.scheduler.bundling`, placement from
-:mod:`datavine.scheduler.dispatch`, caps from :mod:`datavine.scheduler.memory`, kept values from
+:mod:`datavine.scheduler.dispatch`, backup copies from :mod:`datavine.scheduler.run_copies`
+(deciding with :mod:`datavine.scheduler.speculation`), caps from
+:mod:`datavine.scheduler.memory`, kept values from
 :mod:`datavine.scheduler.intermediates`. What a manager learns across runs (costs, memory peaks,
 workers and racks, shard health) is one
 :class:`~datavine.scheduler.learned.Learned` handed in.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import cloudpickle
@@ -50,6 +52,7 @@ from datavine.protocol import BundleResult, BundleSpec, ProtocolError, Status
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.dispatch import Dispatcher
+from datavine.scheduler.inflight import Again, Inflight
 from datavine.scheduler.inputs import task_files
 from datavine.scheduler.intermediates import Intermediates, Plan
 from datavine.scheduler.learned import Learned
@@ -57,8 +60,8 @@ from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reaso
 from datavine.scheduler.memory import GiveUp
 from datavine.scheduler.network import Finding
 from datavine.scheduler.once import FirstSeen
-from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.placement import Placement, placement_off_reason
+from datavine.scheduler.run_copies import SPECULATE_EVERY_S, BackupCopies
 from datavine.scheduler.run_messages import (
     CallDone,
     CallWithdrawn,
@@ -73,16 +76,13 @@ from datavine.scheduler.run_messages import (
     Tick,
     Withdraw,
 )
-from datavine.scheduler.speculation import Lanes, OutCall, choose, late
+from datavine.scheduler.speculation import Lanes
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Target, counted_tier
 
 Key = Hashable
 TASK_READY = "READY"  # TaskVine's state of a call submitted and not dispatched to a worker
 STORY_LINES = 20  # a failed run's error notes at most this many steps of its bundle's story
-# backup copies are looked for at most this often: each look walks the calls out (up to 2 a
-# core), ~13% of the manager's CPU at 256 workers when it ran at every loop turn of a tail
-SPECULATE_EVERY_S = 0.05
 
 
 class _Failed(Exception):
@@ -90,31 +90,8 @@ class _Failed(Exception):
         self.error = error
 
 
-@dataclass(frozen=True)
-class _Again:
-    """What to do with a call once withdrawn: retry it (counting an attempt) or requeue it."""
-
-    why: Reason
-    reason: str = ""
-    retry: bool = True
-    anywhere: bool = False  # requeued (not retried) to run on any worker
-
-
 @dataclass
-class Inflight:
-    """A call out: its bundle and where, under what cap, which temps it reads and makes;
-    ``again``: what to do once it is withdrawn (set while its bundle is withdrawing)."""
-
-    bundle: Bundle
-    target: Target
-    category: str
-    cap_mb: float | None
-    plan: Plan
-    again: _Again | None = None
-
-
-@dataclass
-class RunState:
+class RunState(BackupCopies):
     """The state of one ``get`` call; nothing of it outlives the call but ``learned``."""
 
     graph: graphs.TaskGraph
@@ -366,161 +343,6 @@ class RunState:
             cache_rss_mb=self.cfg.column_cache_rss_mb(cap_mb),
         )
 
-    # --- backup copies (scheduler/speculation.py) ---------------------------------------------
-    def _cores_of(self, worker: str) -> int:
-        known = self.learned.topology.workers.get(worker)
-        return max(1, known.cores) if known is not None else 1
-
-    def _speculate(self, now: float, free: int) -> None:
-        """Nothing more to send and ``free`` cores idle: copy calls that wait behind another
-        in a busy worker's library, or run far past their expected time, onto idle workers."""
-        out = []
-        for call, entry in self.inflight.items():
-            worker = self.lanes.on.get(call)
-            if worker is None or entry.again is not None or call in self.copy_of:
-                continue
-            queued = self.lanes.queued(call)
-            if queued and not self._behind_late(worker, now) and (
-                    not self.cfg.speculation_waiting or self._held_on(entry.bundle, worker)):
-                continue  # (held: its worker holds its columns, it runs there soon)
-            out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
-                               self._expected(entry.bundle), self._files_rack(entry.bundle)))
-        racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
-        for chosen, worker in choose(out, self.lanes.idle(racks), now,
-                                     late_factor=self.cfg.speculation_after,
-                                     late_slack_s=self.cfg.speculation_slack_s)[:free]:
-            self._copy(chosen, worker)
-
-    def _behind_late(self, worker: str, now: float) -> bool:
-        """Whether a call running on ``worker`` is late: the calls waiting behind it there
-        wait for a straggler, and are copied even without ``speculation_waiting``."""
-        for call in self.lanes.lane.get(worker, ())[:self._cores_of(worker)]:
-            entry = self.inflight.get(call) or self.backups.get(call)
-            if entry is not None and late(
-                    OutCall(call, worker, False, self.lanes.began.get(call),
-                            self._expected(entry.bundle)),
-                    now, self.cfg.speculation_after, self.cfg.speculation_slack_s):
-                return True
-        return False
-
-    def _held_on(self, bundle: Bundle, worker: str) -> bool:
-        """Whether ``worker``'s column cache holds a piece its bundle reads: a copy
-        elsewhere would decode what that worker serves from memory."""
-        known = self.learned.topology.workers.get(worker)
-        if known is None or not bundle.files:
-            return False
-        return any(piece in known.files_read for key in bundle.keys
-                   for piece in task_pieces(self.graph.nodes[key]))
-
-    def _expected(self, bundle: Bundle) -> float | None:
-        """The bundle's expected run time from its tasks' measured costs (None: unknown)."""
-        total = 0.0
-        for key in bundle.keys:
-            estimate = self.learned.costs.estimate(self.graph.category(key))
-            if estimate is None:
-                return None
-            total += estimate
-        return total
-
-    def _files_rack(self, bundle: Bundle) -> str | None:
-        """The rack of the shard its first file is read from now (None: no files or no
-        shard map)."""
-        if not bundle.files or self.cfg.shardmap is None:
-            return None
-        return self.dispatch.rack_now(bundle.files[0], self.now)
-
-    def _copy(self, chosen: OutCall, worker: str) -> None:
-        """Send a copy of ``chosen``'s bundle to ``worker``, reading around the shards its
-        first copy reads from."""
-        entry = self.inflight[chosen.call]
-        bundle, graph = entry.bundle, self.graph
-        categories = {k: graph.category(k) for k in bundle.keys}
-        limits = {k: limit for k, c in categories.items()
-                  if (limit := self.cfg.time_limit(c)) is not None}
-        # a late copy reads around its first copy's shard, which may be the slow part; a
-        # copy of a call that only waits behind another reads where the first would
-        shards = ([self.dispatch.shard_now(f, self.now) for f in bundle.files]
-                  if self.cfg.shardmap is not None and not chosen.queued else [])
-        avoid = tuple(sorted({s.name for s in shards if s is not None and not s.is_origin}))
-        plan = self.kept.plan(list(entry.plan.store), bundle.inputs)  # temps of its own
-        spec = self._spec(bundle, plan, categories, limits, avoid, entry.cap_mb)
-        topology = self.learned.topology
-        target = topology.named(worker)
-        call = next(self._calls)
-        self._out.append(Submit(
-            call, spec, entry.cap_mb, self.preload, sum(limits.values()) if limits else None,
-            target, fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
-            store={name: plan.declared[key] for key, name in plan.store.items()}))
-        self.backups[call] = Inflight(bundle, target, entry.category, entry.cap_mb, plan)
-        self.copy_of[chosen.call], self.copied_from[call] = call, chosen.call
-        topology.sent(target)
-        self.lanes.place(call, worker, self.now)
-        why = ("it waits behind another call of its worker" if chosen.queued else
-               f"it has run {self.now - (chosen.began or self.now):.2f} s, "
-               f"{self.cfg.speculation_after:g} x its expected {chosen.expected_s or 0:.2f} s "
-               "and more")
-        self.life.note(bundle.keys, self.now, f"bundle {bundle.id}: a backup copy (call {call}) "
-                       f"sent to worker {worker}: its call {chosen.call} on "
-                       f"{chosen.worker} {why}")
-        backups = self.summary.backups
-        backups.started += 1
-        if chosen.queued:
-            backups.queued += 1
-        else:
-            backups.late += 1
-
-    def _forget_copy(self, copy: int, *, succeeded: bool = False) -> Inflight | None:
-        """A backup copy is no longer out: its slot is free, and unless it ``succeeded``
-        the temps it was to make will never be."""
-        entry = self.backups.pop(copy, None)
-        call = self.copied_from.pop(copy, None)
-        if call is not None:
-            self.copy_of.pop(call, None)
-        if entry is not None:
-            self.learned.topology.returned(entry.target)
-            self.lanes.remove(copy, self.now)
-            if not succeeded:
-                self.kept.failed(entry.plan)
-        return entry
-
-    def _cancel_copy(self, call: int, why: str) -> None:
-        """``call`` ended: its backup copy, if any, is cancelled (stopped where it runs)."""
-        copy = self.copy_of.get(call)
-        if copy is None:
-            return
-        self._out.append(Withdraw(copy, running=True))  # before its temps are dropped
-        entry = self._forget_copy(copy)
-        self.summary.backups.cancelled += 1
-        if entry is not None:
-            self.life.note(entry.bundle.keys, self.now,
-                           f"bundle {entry.bundle.id}: its backup copy (call {copy}) was "
-                           f"cancelled: {why}")
-
-    def _copy_done(self, done: CallDone) -> None:
-        """A backup copy came back: the first result wins (its first copy is cancelled and
-        the bundle is done once); a failed copy is dropped, its first copy goes on."""
-        call = self.copied_from.get(done.call)
-        result = done.result
-        won = result is not None and result.ok and call in self.inflight
-        entry = self._forget_copy(done.call, succeeded=won)
-        if entry is None or call is None:
-            return
-        if not won:
-            self.summary.backups.failed += 1
-            why = (done.failure or "its worker died") if result is None else (
-                result.message or str(result.status))
-            self.life.note(entry.bundle.keys, self.now,
-                           f"bundle {entry.bundle.id}: its backup copy (call {done.call}) "
-                           f"failed ({why}); its call {call} goes on")
-            return
-        self._out.append(Withdraw(call, running=True))  # before its temps are dropped
-        first = self._forget(call)  # its temps will never be made: the copy's are
-        assert first is not None and result is not None
-        self.summary.backups.won += 1
-        where = f"{result.worker or done.addrport} ({result.host or '?'})"
-        self._accept(replace(first, plan=entry.plan), result, done.addrport, where,
-                     f"its backup copy (call {done.call}) came first; call {call} cancelled")
-
     # --- the pool ---------------------------------------------------------------------------
     def _sample(self, sample: PoolSample) -> None:
         """Record the pool's size; calls whose worker or library died under them, and calls
@@ -555,7 +377,7 @@ class RunState:
             if sample.states.get(call) == TASK_READY:
                 # TaskVine would hold it back for its transient-error interval (~15 s):
                 # withdraw it, and run it again at once where there is room.
-                self._withdraw(call, _Again(Reason.LOST_WORKER,
+                self._withdraw(call, Again(Reason.LOST_WORKER,
                                             "its worker or library died under it"))
             else:  # TaskVine sent it to another worker already: count the retry
                 self.summary.retries += 1
@@ -564,7 +386,7 @@ class RunState:
                     "library died under it; TaskVine sent it to another worker")
         for call, entry in list(self.inflight.items()):
             if entry.target.worker in sample.gone and sample.states.get(call) == TASK_READY:
-                self._withdraw(call, _Again(Reason.LOST_WORKER,
+                self._withdraw(call, Again(Reason.LOST_WORKER,
                                             f"worker {entry.target.worker} left"))
         for copy, entry in list(self.backups.items()):
             if entry.target.worker in sample.gone:
@@ -575,7 +397,7 @@ class RunState:
                 self.lanes.place(call, known.id, sample.now)
         self._watch_network(sample)
 
-    def _withdraw(self, call: int, again: _Again, *, running: bool = False) -> None:
+    def _withdraw(self, call: int, again: Again, *, running: bool = False) -> None:
         entry = self.inflight[call]
         if entry.again is None:
             entry.again = again
@@ -595,7 +417,7 @@ class RunState:
         for call, addr in sorted(sample.where.items()):
             if addr in actions.stalled and call in self.inflight:
                 why = f"its worker {names.get(addr, addr)}'s library did not start"
-                self._withdraw(call, _Again(Reason.REQUEUED, why, retry=False, anywhere=True),
+                self._withdraw(call, Again(Reason.REQUEUED, why, retry=False, anywhere=True),
                                running=True)
         self._out_of_placement(actions.stalled, sample.states)
         if actions.for_runtime:
@@ -621,7 +443,7 @@ class RunState:
             target = entry.target
             if states.get(call) == TASK_READY and (target.worker in ids or target.rack in empty):
                 where = target.worker or f"rack {target.rack}"
-                self._withdraw(call, _Again(Reason.REQUEUED,
+                self._withdraw(call, Again(Reason.REQUEUED,
                                             f"{where} was dropped for the network",
                                             retry=False, anywhere=True))
 
@@ -632,7 +454,7 @@ class RunState:
         entry = self._forget(call)
         if entry is None:
             return
-        again = entry.again or _Again(Reason.REQUEUED, "withdrawn", retry=False)
+        again = entry.again or Again(Reason.REQUEUED, "withdrawn", retry=False)
         if again.retry:
             self._retry(entry.bundle, again.why, again.reason, to=Phase.WITHDRAWN,
                         anywhere=True)
@@ -819,7 +641,7 @@ class RunState:
                        self.now, "run again: its value is needed to make a lost one again")
         for call, entry in list(self.inflight.items()):
             if lost_set & entry.plan.fetch.keys():  # ready again once its inputs are
-                self._withdraw(call, _Again(Reason.REQUEUED, "an input it fetches was lost "
+                self._withdraw(call, Again(Reason.REQUEUED, "an input it fetches was lost "
                                             "with the worker that kept it", retry=False))
         for copy, entry in list(self.backups.items()):
             if lost_set & entry.plan.fetch.keys() and copy in self.copied_from:

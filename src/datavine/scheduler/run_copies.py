@@ -1,0 +1,225 @@
+"""Backup copies of bundles, as part of the run's state machine: which calls out get a copy,
+sending it, and the first result winning (:class:`BackupCopies`, a part of
+:class:`datavine.scheduler.run_state.RunState`).
+
+The decisions are :mod:`datavine.scheduler.speculation`'s (pure); this module keeps the
+copies out (``backups``, ``copy_of``, ``copied_from``) and each worker's lane of calls
+(``lanes``), and turns a copy's result or its first copy's end into instructions. A call
+gets one copy at most; the first result wins, the other is cancelled (``Withdraw``,
+``running=True``: patch 0015 stops it where it waits or runs), and the bundle is done once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Mapping
+from dataclasses import replace
+
+from datavine.config import RunConfig
+from datavine.protocol import BundleResult, BundleSpec
+from datavine.scheduler import graph as graphs
+from datavine.scheduler.bundling import Bundle
+from datavine.scheduler.dispatch import Dispatcher
+from datavine.scheduler.inflight import Inflight
+from datavine.scheduler.intermediates import Intermediates, Plan
+from datavine.scheduler.learned import Learned
+from datavine.scheduler.lifecycle import Lifecycle
+from datavine.scheduler.pieces import task_pieces
+from datavine.scheduler.run_messages import CallDone, Instruction, Submit, Withdraw
+from datavine.scheduler.speculation import Lanes, OutCall, choose, late
+from datavine.scheduler.summary import RunSummary
+
+Key = Hashable
+# backup copies are looked for at most this often: each look walks the calls out (up to 2 a
+# core), ~13% of the manager's CPU at 256 workers when it ran at every loop turn of a tail
+SPECULATE_EVERY_S = 0.05
+
+
+class BackupCopies:
+    """The backup-copy part of the run's state (see the module docstring); the rest of
+    the state is :class:`~datavine.scheduler.run_state.RunState`'s."""
+
+    graph: graphs.TaskGraph
+    cfg: RunConfig
+    learned: Learned
+    now: float
+    summary: RunSummary
+    dispatch: Dispatcher
+    kept: Intermediates
+    life: Lifecycle
+    inflight: dict[int, Inflight]
+    preload: tuple[str, ...]
+    backups: dict[int, Inflight]
+    copy_of: dict[int, int]  # call -> its copy
+    copied_from: dict[int, int]  # copy -> the call it copies
+    lanes: Lanes
+    _out: list[Instruction]
+    _calls: itertools.count[int]
+
+    # RunState's, used here
+    def _spec(self, bundle: Bundle, plan: Plan, categories: Mapping[Key, str],
+              limits: dict[Key, float], avoid: tuple[str, ...] = (),
+              cap_mb: float | None = None) -> BundleSpec:
+        raise NotImplementedError
+
+    def _forget(self, call: int, *, succeeded: bool = False,
+                why: str = "its first copy ended") -> Inflight | None:
+        raise NotImplementedError
+
+    def _accept(self, entry: Inflight, result: BundleResult, addrport: str | None,
+                where: str, how: str = "") -> None:
+        raise NotImplementedError
+
+    def _cores_of(self, worker: str) -> int:
+        known = self.learned.topology.workers.get(worker)
+        return max(1, known.cores) if known is not None else 1
+
+    def _speculate(self, now: float, free: int) -> None:
+        """Nothing more to send and ``free`` cores idle: copy calls that wait behind another
+        in a busy worker's library, or run far past their expected time, onto idle workers."""
+        out = []
+        for call, entry in self.inflight.items():
+            worker = self.lanes.on.get(call)
+            if worker is None or entry.again is not None or call in self.copy_of:
+                continue
+            queued = self.lanes.queued(call)
+            if queued and not self._behind_late(worker, now) and (
+                    not self.cfg.speculation_waiting or self._held_on(entry.bundle, worker)):
+                continue  # (held: its worker holds its columns, it runs there soon)
+            out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
+                               self._expected(entry.bundle), self._files_rack(entry.bundle)))
+        racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
+        for chosen, worker in choose(out, self.lanes.idle(racks), now,
+                                     late_factor=self.cfg.speculation_after,
+                                     late_slack_s=self.cfg.speculation_slack_s)[:free]:
+            self._copy(chosen, worker)
+
+    def _behind_late(self, worker: str, now: float) -> bool:
+        """Whether a call running on ``worker`` is late: the calls waiting behind it there
+        wait for a straggler, and are copied even without ``speculation_waiting``."""
+        for call in self.lanes.lane.get(worker, ())[:self._cores_of(worker)]:
+            entry = self.inflight.get(call) or self.backups.get(call)
+            if entry is not None and late(
+                    OutCall(call, worker, False, self.lanes.began.get(call),
+                            self._expected(entry.bundle)),
+                    now, self.cfg.speculation_after, self.cfg.speculation_slack_s):
+                return True
+        return False
+
+    def _held_on(self, bundle: Bundle, worker: str) -> bool:
+        """Whether ``worker``'s column cache holds a piece its bundle reads: a copy
+        elsewhere would decode what that worker serves from memory."""
+        known = self.learned.topology.workers.get(worker)
+        if known is None or not bundle.files:
+            return False
+        return any(piece in known.files_read for key in bundle.keys
+                   for piece in task_pieces(self.graph.nodes[key]))
+
+    def _expected(self, bundle: Bundle) -> float | None:
+        """The bundle's expected run time from its tasks' measured costs (None: unknown)."""
+        total = 0.0
+        for key in bundle.keys:
+            estimate = self.learned.costs.estimate(self.graph.category(key))
+            if estimate is None:
+                return None
+            total += estimate
+        return total
+
+    def _files_rack(self, bundle: Bundle) -> str | None:
+        """The rack of the shard its first file is read from now (None: no files or no
+        shard map)."""
+        if not bundle.files or self.cfg.shardmap is None:
+            return None
+        return self.dispatch.rack_now(bundle.files[0], self.now)
+
+    def _copy(self, chosen: OutCall, worker: str) -> None:
+        """Send a copy of ``chosen``'s bundle to ``worker``, reading around the shards its
+        first copy reads from."""
+        entry = self.inflight[chosen.call]
+        bundle, graph = entry.bundle, self.graph
+        categories = {k: graph.category(k) for k in bundle.keys}
+        limits = {k: limit for k, c in categories.items()
+                  if (limit := self.cfg.time_limit(c)) is not None}
+        # a late copy reads around its first copy's shard, which may be the slow part; a
+        # copy of a call that only waits behind another reads where the first would
+        shards = ([self.dispatch.shard_now(f, self.now) for f in bundle.files]
+                  if self.cfg.shardmap is not None and not chosen.queued else [])
+        avoid = tuple(sorted({s.name for s in shards if s is not None and not s.is_origin}))
+        plan = self.kept.plan(list(entry.plan.store), bundle.inputs)  # temps of its own
+        spec = self._spec(bundle, plan, categories, limits, avoid, entry.cap_mb)
+        topology = self.learned.topology
+        target = topology.named(worker)
+        call = next(self._calls)
+        self._out.append(Submit(
+            call, spec, entry.cap_mb, self.preload, sum(limits.values()) if limits else None,
+            target, fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
+            store={name: plan.declared[key] for key, name in plan.store.items()}))
+        self.backups[call] = Inflight(bundle, target, entry.category, entry.cap_mb, plan)
+        self.copy_of[chosen.call], self.copied_from[call] = call, chosen.call
+        topology.sent(target)
+        self.lanes.place(call, worker, self.now)
+        why = ("it waits behind another call of its worker" if chosen.queued else
+               f"it has run {self.now - (chosen.began or self.now):.2f} s, "
+               f"{self.cfg.speculation_after:g} x its expected {chosen.expected_s or 0:.2f} s "
+               "and more")
+        self.life.note(bundle.keys, self.now, f"bundle {bundle.id}: a backup copy (call {call}) "
+                       f"sent to worker {worker}: its call {chosen.call} on "
+                       f"{chosen.worker} {why}")
+        backups = self.summary.backups
+        backups.started += 1
+        if chosen.queued:
+            backups.queued += 1
+        else:
+            backups.late += 1
+
+    def _forget_copy(self, copy: int, *, succeeded: bool = False) -> Inflight | None:
+        """A backup copy is no longer out: its slot is free, and unless it ``succeeded``
+        the temps it was to make will never be."""
+        entry = self.backups.pop(copy, None)
+        call = self.copied_from.pop(copy, None)
+        if call is not None:
+            self.copy_of.pop(call, None)
+        if entry is not None:
+            self.learned.topology.returned(entry.target)
+            self.lanes.remove(copy, self.now)
+            if not succeeded:
+                self.kept.failed(entry.plan)
+        return entry
+
+    def _cancel_copy(self, call: int, why: str) -> None:
+        """``call`` ended: its backup copy, if any, is cancelled (stopped where it runs)."""
+        copy = self.copy_of.get(call)
+        if copy is None:
+            return
+        self._out.append(Withdraw(copy, running=True))  # before its temps are dropped
+        entry = self._forget_copy(copy)
+        self.summary.backups.cancelled += 1
+        if entry is not None:
+            self.life.note(entry.bundle.keys, self.now,
+                           f"bundle {entry.bundle.id}: its backup copy (call {copy}) was "
+                           f"cancelled: {why}")
+
+    def _copy_done(self, done: CallDone) -> None:
+        """A backup copy came back: the first result wins (its first copy is cancelled and
+        the bundle is done once); a failed copy is dropped, its first copy goes on."""
+        call = self.copied_from.get(done.call)
+        result = done.result
+        won = result is not None and result.ok and call in self.inflight
+        entry = self._forget_copy(done.call, succeeded=won)
+        if entry is None or call is None:
+            return
+        if not won:
+            self.summary.backups.failed += 1
+            why = (done.failure or "its worker died") if result is None else (
+                result.message or str(result.status))
+            self.life.note(entry.bundle.keys, self.now,
+                           f"bundle {entry.bundle.id}: its backup copy (call {done.call}) "
+                           f"failed ({why}); its call {call} goes on")
+            return
+        self._out.append(Withdraw(call, running=True))  # before its temps are dropped
+        first = self._forget(call)  # its temps will never be made: the copy's are
+        assert first is not None and result is not None
+        self.summary.backups.won += 1
+        where = f"{result.worker or done.addrport} ({result.host or '?'})"
+        self._accept(replace(first, plan=entry.plan), result, done.addrport, where,
+                     f"its backup copy (call {done.call}) came first; call {call} cancelled")
