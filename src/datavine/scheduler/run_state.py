@@ -145,11 +145,12 @@ class RunState(BackupCopies):
     def wants_look(self) -> bool:
         """Whether a look at the pool (a :class:`PoolSample`) would let backup copies act
         now: nothing more waits to be sent, and some call out is not known to be on a
-        worker (its target was a rack or anywhere). The driver then looks more often than
-        once a second, so a run's tail does not wait for its next sample."""
+        worker (its target was a rack or anywhere; a copy always has its worker). The
+        driver then looks more often than once a second, so a run's tail does not wait for
+        its next sample. Counted, not searched: the driver asks at every loop turn."""
         return (self.cfg.speculation and bool(self.inflight) and not self.planner.n_ready
                 and not len(self.dispatch.held)
-                and any(call not in self.lanes.on for call in self.inflight))
+                and len(self.inflight) + len(self.backups) > len(self.lanes.on))
 
     def results(self) -> dict[Key, Any]:
         return {k: self.values[k] for k in self.graph.outputs}
