@@ -37,6 +37,7 @@ N_FILES = 12
 N_EVENTS = 20_000
 CHUNK_EVENTS = 10_000
 RUN_TIMEOUT_S = 120.0
+SETTLE_S = 60.0  # a shard writes access records when it detaches a file: late on a loaded host
 
 
 # --- what the tasks run (module-level: the tests package travels by value) ----------------
@@ -152,11 +153,24 @@ def accesses(stats: Any, lfn: str) -> int:
     return sum(files[lfn].accesses for files in stats.shards.values() if lfn in files)
 
 
-def settled_stats(testbed: Any, lfns: list[str], minimum: dict[str, int]) -> Any:
+def settled_stats(testbed: Any, lfns: list[str], minimum: dict[str, int],
+                  summary: Any = None) -> Any:
     """Cache statistics once every file has more recorded accesses than ``minimum`` (a
-    shard writes a file's access record when it detaches the closed file)."""
-    wait_for(lambda: all(accesses(testbed.cache_stats(fresh=False), f) > minimum.get(f, 0)
-                         for f in lfns), "access records of every file in the caches")
+    shard writes a file's access record when it detaches the closed file). On a timeout
+    the error names the files still without a new record, their shards' records, and the
+    run's summary."""
+    def unsettled() -> list[str]:
+        stats = testbed.cache_stats(fresh=False)
+        return [f"{f}: {accesses(stats, f)} records (before the run {minimum.get(f, 0)}), "
+                f"in shards {sorted(i for i, files in stats.shards.items() if f in files)}"
+                for f in lfns if accesses(stats, f) <= minimum.get(f, 0)]
+
+    try:
+        wait_for(lambda: not unsettled(), "access records of every file in the caches",
+                 timeout_s=SETTLE_S)
+    except AssertionError as e:
+        story = describe(summary) if summary is not None else ""
+        raise AssertionError("\n".join([str(e), *unsettled(), story])) from None
     return testbed.cache_stats()
 
 
@@ -179,7 +193,7 @@ def passes(dataset: Dataset, testbed: Any, placed: Any) -> Passes:
         results.append(graph.compute(scheduler=placed.get))
         summaries.append(placed.last_summary)
         seen = {f: accesses(stats[-1], f) for f in lfns}
-        stats.append(settled_stats(testbed, lfns, seen))
+        stats.append(settled_stats(testbed, lfns, seen, placed.last_summary))
     return Passes(lfns, results, summaries, stats)
 
 
