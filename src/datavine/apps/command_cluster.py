@@ -43,6 +43,8 @@ class ClusterRequest:
         connect_timeout_s: how long to wait for the workers.
         dashboard: the cluster's live view (:func:`datavine.dashboard.launch.dashboard_config`).
         run_dir_prefix: the name of the manager's temporary run directory.
+        column_cache: ``False`` turns the workers' column caches off
+            (``RunConfig.column_cache``); ``True`` keeps the run settings'.
     """
 
     facility: Facility | None = None
@@ -62,6 +64,7 @@ class ClusterRequest:
     connect_timeout_s: float = 60.0
     dashboard: bool | DashboardConfig | None = None
     run_dir_prefix: str = "datavine-run-"
+    column_cache: bool = True
 
     def run_config(self) -> RunConfig:
         """The run settings: the facility's (or the defaults) with the command's (pure)."""
@@ -75,6 +78,8 @@ class ClusterRequest:
             run = run.replace(memory=None)
         if self.task_time_limit_s is not None:
             run = run.replace(task_time_limit_s=self.task_time_limit_s)
+        if not self.column_cache:
+            run = run.replace(column_cache=False)
         return run
 
 
