@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -108,9 +109,10 @@ def garble_baskets(path: Path, branch_name: str) -> None:
 
 
 def record(path: str, start: float, end: float, events: int, nbytes: int, worker: str = "w0",
-           error: str | None = None, peak: float = 100.0) -> ChunkRecord:
+           error: str | None = None, peak: float = 100.0, cached: int = 0, decoded: int = 0,
+           pass_index: int = 0) -> ChunkRecord:
     return ChunkRecord(path, 0, events, worker, start, end, 0 if error else events,
-                       0 if error else nbytes, peak, 1, error)
+                       0 if error else nbytes, peak, 1, error, cached, decoded, pass_index)
 
 
 def test_report_figures_and_failed_files() -> None:
@@ -150,6 +152,31 @@ def test_report_prefers_the_runtime_figures() -> None:
     assert "completions" not in report.summary
     assert json.loads(json.dumps(report.to_dict()))["peak_memory_mb_per_worker"] == {
         "local-0": 321.0, "local-1": 123.0}
+
+
+def test_report_of_passes_and_the_column_cache() -> None:
+    infos = [FileInfo("a.root", 1000)]
+    records = [
+        record("a.root", 100.0, 101.0, 1000, 4_000, decoded=8_000),
+        record("a.root", 101.0, 101.5, 1000, 100, cached=6_000, decoded=2_000, pass_index=1),
+        record("a.root", 101.5, 102.0, 1000, 0, cached=8_000, pass_index=2),
+        record("a.root", 101.5, 102.0, 1000, 0, error="OSError: x", pass_index=2)]
+    result = ChunkResult(np.zeros(25, np.int64), events=3000)
+    report = build_report(infos, Tally(result, records), wall_s=2.0, t0=100.0, workers=1,
+                          cores=1, bin_s=0.5, passes=3)
+    assert [p.hit_fraction for p in report.passes] == [0.0, 0.75, 1.0]
+    assert [(p.start_s, p.end_s, p.chunks, p.chunks_failed) for p in report.passes] == [
+        (0.0, 1.0, 1, 0), (1.0, 1.5, 1, 0), (1.5, 2.0, 2, 1)]
+    assert report.passes[1].khz == pytest.approx(1000 / 0.5 / 1e3)
+    assert (report.cached_bytes, report.decoded_bytes) == (14_000, 10_000)
+    assert report.hit_fraction == pytest.approx(14_000 / 24_000)
+    tl = report.timeline
+    assert tl.hit_fraction == [0.0, 0.0, 0.75, 1.0]
+    assert tl.cached_gbs[3] * tl.dt * 1e9 == pytest.approx(8_000)
+    assert "hit_fraction=0.583 hit_fraction_by_pass=0.000,0.750,1.000" in report.figures_line()
+    assert any("pass 2: 75.0% from memory" in line for line in report.lines())
+    doc = json.loads(json.dumps(report.to_dict()))
+    assert doc["passes"][1]["hit_fraction"] == 0.75 and doc["timeline"]["hit_fraction"][3] == 1
 
 
 def test_make_chunks_equal_pieces_and_skips_failed_files() -> None:
@@ -204,6 +231,58 @@ def test_passes_read_the_dataset_again_as_tasks_of_their_own(dataset: Path) -> N
     assert report.chunks == 3 * FILES and report.chunks_failed == 0
     assert report.events == report.events_expected == 3 * FILES * EVENTS
     assert report.files_processed == FILES
+    assert [(p.number, p.chunks, p.events) for p in report.passes] == [
+        (n, FILES, FILES * EVENTS) for n in (1, 2, 3)]
+
+
+@pytest.mark.taskvine
+def test_a_second_pass_reads_its_columns_from_the_workers_memory(dataset: Path,
+                                                                 cluster: object) -> None:
+    config = ScaleTestConfig(files=FILES, events_per_file=EVENTS, chunk_events=10_000,
+                             data_dir=dataset, passes=2, drop_caches=True)
+    report = run_scale_test(config, cluster)  # type: ignore[arg-type]
+    first, second = report.passes
+    assert report.chunks_failed == 0 and first.events == second.events == FILES * EVENTS
+    assert first.cached_bytes == 0 and first.hit_fraction == 0.0 and first.decoded_bytes > 0
+    # the same files on the same workers: placement sends each chunk where its columns are
+    assert second.hit_fraction >= 0.95 and second.cached_bytes >= 0.95 * first.decoded_bytes
+    assert report.cached_bytes == first.cached_bytes + second.cached_bytes
+    assert report.hit_fraction == pytest.approx(
+        report.cached_bytes / (report.cached_bytes + report.decoded_bytes))
+    assert report.summary is not None  # the runtime counted the same bytes
+    assert report.summary["cache"]["hit_bytes"] == report.cached_bytes
+    assert report.summary["cache"]["miss_bytes"] == report.decoded_bytes
+    tl = report.timeline
+    assert sum(tl.cached_gbs) * tl.dt * 1e9 == pytest.approx(report.cached_bytes, rel=1e-3)
+    assert sum(tl.decoded_gbs) * tl.dt * 1e9 == pytest.approx(report.decoded_bytes, rel=1e-3)
+    doc = json.loads(json.dumps(report.to_dict()))
+    assert [p["hit_fraction"] for p in doc["passes"]] == [0.0, round(second.hit_fraction, 4)]
+    assert f"hit_fraction_by_pass=0.000,{second.hit_fraction:.3f}" in report.figures_line()
+    # same histogram as a pass that decoded everything
+    assert report.histogram["counts"] == [2 * c for c in cold_counts(dataset)]
+
+    again = run_scale_test(replace(config, passes=1), cluster)  # type: ignore[arg-type]
+    assert again.passes[0].hit_fraction == 0.0 and again.decoded_bytes == first.decoded_bytes
+
+
+@pytest.mark.taskvine
+def test_without_the_column_cache_every_pass_decodes(dataset: Path) -> None:
+    report = run_scale_test(ScaleTestConfig(files=FILES, events_per_file=EVENTS,
+                                            chunk_events=20_000, data_dir=dataset, passes=2,
+                                            workers=2, column_cache=False))
+    assert [p.cached_bytes for p in report.passes] == [0, 0]
+    assert [p.hit_fraction for p in report.passes] == [0.0, 0.0]
+    assert report.passes[0].decoded_bytes == report.passes[1].decoded_bytes > 0
+    assert report.histogram["counts"] == [2 * c for c in cold_counts(dataset)]
+
+
+def cold_counts(dataset: Path) -> list[int]:
+    """The histogram of one pass over the dataset in this process (no cache)."""
+    from datavine.apps.analysis.agc import make_chunks as agc_chunks
+    from datavine.apps.analysis.agc import run_plain_loop
+
+    files = sorted(dataset.glob("nanoaod_*.root"))
+    return [int(c) for c in run_plain_loop(agc_chunks(files, 10_000)).counts]
 
 
 def test_cli_defaults_are_a_long_run_and_quick_is_short() -> None:

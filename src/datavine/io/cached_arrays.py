@@ -98,7 +98,9 @@ def _plain(ttree: uproot.TTree, branches: Sequence[str], start: int | None, stop
     before = getattr(file_source, "num_requested_bytes", 0)
     arrays = ttree.arrays(list(branches), entry_start=start, entry_stop=stop, how=dict,
                           array_cache=None)
-    return Read(arrays, getattr(file_source, "num_requested_bytes", 0) - before, 0, 0, path)
+    decoded = sum(int(array.nbytes) for array in arrays.values())
+    return Read(arrays, getattr(file_source, "num_requested_bytes", 0) - before, 0, decoded,
+                path)
 
 
 def _lookup(cache: column_cache.ColumnCache, identity: object, tree: str,
@@ -139,7 +141,7 @@ def _cached(cache: column_cache.ColumnCache, holder: Holder, tree: str, branches
         return _served(hit, branches, path, piece, None)
     ttree = holder if hasattr(holder, "arrays") else holder[tree]
     plain = _plain(ttree, missing, start, stop, path)
-    arrays, decoded = {}, sum(int(plain.arrays[name].nbytes) for name in missing)
+    arrays, decoded = {}, plain.decoded
     keep = identity is not None and decoded <= cache.max_bytes  # else it would only churn
     for name in missing:
         array = _own(plain.arrays[name]) if keep else plain.arrays[name]

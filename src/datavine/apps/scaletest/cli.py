@@ -93,6 +93,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     pool.add_argument("--no-memory-caps", action="store_true",
                       help="run tasks in the workers' library processes, uncapped, not in "
                       "their capped child")
+    pool.add_argument("--no-column-cache", action="store_true",
+                      help="workers keep no decoded columns (RunConfig.column_cache off): "
+                      "every pass decodes its baskets again")
     pool.add_argument("--timeout", type=cli_types.seconds, metavar="S",
                       help="fail when processing takes longer than S seconds")
     pool.add_argument("--connect-timeout", type=cli_types.seconds, default=120.0, metavar="S",
@@ -136,7 +139,8 @@ def config_from_args(args: argparse.Namespace) -> ScaleTestConfig:
         manager_host=args.manager_host, xcache_shards=args.xcache, facility=args.facility,
         timeout_s=args.timeout,
         connect_timeout_s=args.connect_timeout, bin_s=args.bin, progress=args.progress,
-        memory_caps=not args.no_memory_caps, dashboard=option_from_args(args),
+        memory_caps=not args.no_memory_caps, column_cache=not args.no_column_cache,
+        dashboard=option_from_args(args),
         dashboard_html=None if args.no_dashboard else json_path(args).with_suffix(".html"))
 
 

@@ -11,8 +11,14 @@ from the workers (:class:`~datavine.apps.scaletest.tasks.ChunkRecord`) and the r
 - ``files_processed`` (every chunk succeeded), ``files_failed`` and ``failed_files`` (names,
   stage, error);
 - ``peak_memory_mb`` (largest of any worker) and ``peak_memory_mb_per_worker``;
-- ``timeline``: per time bin, connected and busy workers, data rate (Gbps) and event rate
-  (kHz), each chunk's events and bytes spread over the time it ran.
+- the workers' column caches (:mod:`datavine.io.column_cache`): ``cached_bytes`` (decoded
+  bytes served from the workers' memory), ``decoded_bytes`` (decoded from the files) and
+  ``hit_fraction``, for the run and for each pass over the dataset (``passes``, with each
+  pass's time, events and rates: a second pass over the same files on the same workers
+  reads from memory);
+- ``timeline``: per time bin, connected and busy workers, data rate (Gbps), event rate
+  (kHz) and the decoded bytes' rates from memory and from the files, each chunk's events
+  and bytes spread over the time it ran.
 
 The summary's fields (``samples``, ``worker_peak_mb``) are read with fallbacks to the chunk
 records, so that the report does not depend on one version of the runtime.
@@ -57,6 +63,45 @@ class Timeline:
     busy_workers: list[float] = field(default_factory=list)
     gbps: list[float] = field(default_factory=list)
     khz: list[float] = field(default_factory=list)
+    # decoded bytes per second (GB/s) served from the workers' column caches, and decoded
+    # from the files; their share from memory (0 in a bin that decoded nothing)
+    cached_gbs: list[float] = field(default_factory=list)
+    decoded_gbs: list[float] = field(default_factory=list)
+    hit_fraction: list[float] = field(default_factory=list)
+
+
+@dataclass
+class PassFigures:
+    """One pass over the dataset: its chunks from the first one's start to the last one's
+    end (seconds since processing started), what they read and where their columns came
+    from. Passes overlap in time: a chunk's next read starts once its previous one is done
+    (:func:`datavine.apps.scaletest.run.analysis_graph`)."""
+
+    number: int  # from 1
+    chunks: int
+    chunks_failed: int
+    events: int
+    start_s: float
+    end_s: float
+    bytes_read: int
+    cached_bytes: int
+    decoded_bytes: int
+
+    @property
+    def wall_s(self) -> float:
+        return max(0.0, self.end_s - self.start_s)
+
+    @property
+    def hit_fraction(self) -> float:
+        return hit_fraction(self.cached_bytes, self.decoded_bytes)
+
+    @property
+    def khz(self) -> float:
+        return self.events / self.wall_s / 1e3 if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {**asdict(self), "wall_s": round(self.wall_s, 4),
+                "hit_fraction": round(self.hit_fraction, 4), "khz": round(self.khz, 3)}
 
 
 @dataclass
@@ -85,6 +130,10 @@ class ScaleReport:
     peak_memory_mb_per_worker: dict[str, float]
     timeline: Timeline
     busy_fraction: float = 0.0  # cores busy from the first chunk's start to the last's end
+    cached_bytes: int = 0  # decoded bytes served from the workers' column caches
+    decoded_bytes: int = 0  # decoded bytes decoded from the files
+    hit_fraction: float = 0.0  # cached / (cached + decoded)
+    passes: list[PassFigures] = field(default_factory=list)
     histogram: dict[str, list[float]] = field(default_factory=dict)
     setup_s: dict[str, float] = field(default_factory=dict)
     config: dict[str, JSON] = field(default_factory=dict)
@@ -92,7 +141,9 @@ class ScaleReport:
     dashboard_html: str | None = None  # the run's view, saved (datavine.dashboard.report)
 
     def to_dict(self) -> dict[str, JSON]:
-        return asdict(self)
+        out: dict[str, JSON] = asdict(self)
+        out["passes"] = [p.to_dict() for p in self.passes]
+        return out
 
     def write_json(self, path: str | Path) -> Path:
         path = Path(path)
@@ -113,7 +164,15 @@ class ScaleReport:
             "to the last one's end",
             f"  memory      peak {self.peak_memory_mb:,.0f} MB per worker (largest)",
             f"  files       {self.files_processed} processed, {self.files_failed} failed",
+            f"  column cache {self.hit_fraction:.1%} of the decoded bytes from workers' memory "
+            f"({self.cached_bytes / 1e6:,.1f} MB from memory, {self.decoded_bytes / 1e6:,.1f} "
+            "MB decoded)",
         ]
+        if len(self.passes) > 1:
+            out.extend(f"    pass {p.number}: {p.hit_fraction:.1%} from memory "
+                       f"({p.cached_bytes / 1e6:,.1f} MB; {p.decoded_bytes / 1e6:,.1f} MB "
+                       f"decoded from {p.bytes_read / 1e6:,.1f} MB read), {p.wall_s:.2f} s, "
+                       f"{p.khz:,.1f} kHz" for p in self.passes)
         out.extend(f"    failed: {f['file']} ({f['stage']}): {f['error'][:160]}"
                    for f in self.failed_files[:10])
         return out
@@ -124,7 +183,8 @@ class ScaleReport:
                 f"khz_per_core={self.khz_per_core:.1f} files_processed={self.files_processed} "
                 f"files_failed={self.files_failed} peak_memory_mb={self.peak_memory_mb:.0f} "
                 f"workers={self.workers} cores={self.cores} wall_s={self.wall_s:.2f} "
-                f"busy_fraction={self.busy_fraction:.3f}")
+                f"busy_fraction={self.busy_fraction:.3f} hit_fraction={self.hit_fraction:.3f} "
+                f"hit_fraction_by_pass={','.join(f'{p.hit_fraction:.3f}' for p in self.passes)}")
 
 
 def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: float,
@@ -142,6 +202,8 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
     bytes_read = sum(r.bytes_read for r in records if not r.error)
     rate = events / wall_s if wall_s > 0 else 0.0
     per_worker = _peak_per_worker(records, summary)
+    cached = sum(r.cached_bytes for r in records if not r.error)
+    decoded = sum(r.decoded_bytes for r in records if not r.error)
     return ScaleReport(
         files=len(infos), files_processed=sum(1 for i in infos if i.path not in bad),
         files_failed=len(bad), failed_files=failed_files, chunks=n_chunks,
@@ -157,9 +219,39 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
         timeline=build_timeline(records, t0=t0, wall_s=wall_s, summary=summary, bin_s=bin_s,
                                 workers=workers),
         busy_fraction=busy_fraction(records, cores),
+        cached_bytes=cached, decoded_bytes=decoded, hit_fraction=hit_fraction(cached, decoded),
+        passes=pass_figures(records, t0=t0, passes=passes),
         histogram={"edges": tally.result.edges.tolist(),
                    "counts": tally.result.counts.tolist()},
         summary=_summary_dict(summary))
+
+
+def hit_fraction(cached: int | float, decoded: int | float) -> float:
+    """The share of the decoded bytes that came from the column caches (0 with none)."""
+    total = cached + decoded
+    return cached / total if total > 0 else 0.0
+
+
+def pass_figures(records: Sequence[ChunkRecord], *, t0: float,
+                 passes: int = 1) -> list[PassFigures]:
+    """Each pass's figures from its chunks' records (pure; ``passes`` at least, more when
+    the records name more)."""
+    by_pass: dict[int, list[ChunkRecord]] = defaultdict(list)
+    for r in records:
+        by_pass[r.pass_index].append(r)
+    out = []
+    for i in range(max(passes, max(by_pass, default=-1) + 1)):
+        rs = by_pass.get(i, [])
+        good = [r for r in rs if not r.error]
+        out.append(PassFigures(
+            number=i + 1, chunks=len(rs), chunks_failed=len(rs) - len(good),
+            events=sum(r.events for r in good),
+            start_s=round(min((r.t_start for r in rs), default=t0) - t0, 4),
+            end_s=round(max((r.t_end for r in rs), default=t0) - t0, 4),
+            bytes_read=sum(r.bytes_read for r in good),
+            cached_bytes=sum(r.cached_bytes for r in good),
+            decoded_bytes=sum(r.decoded_bytes for r in good)))
+    return out
 
 
 def busy_fraction(records: Sequence[ChunkRecord], cores: int) -> float:
@@ -180,6 +272,7 @@ def build_timeline(records: Sequence[ChunkRecord], *, t0: float, wall_s: float,
     dt = bin_s if bin_s else max(MIN_BIN_S, wall_s / MAX_BINS)
     n = max(1, math.ceil(wall_s / dt)) if wall_s > 0 else 1
     events, nbytes, busy = [0.0] * n, [0.0] * n, [0.0] * n
+    cached, decoded = [0.0] * n, [0.0] * n
     for r in records:
         start = min(max(r.t_start - t0, 0.0), n * dt)
         end = min(max(r.t_end - t0, start), n * dt)
@@ -187,13 +280,18 @@ def build_timeline(records: Sequence[ChunkRecord], *, t0: float, wall_s: float,
             if not r.error:
                 events[b] += r.events * share
                 nbytes[b] += r.bytes_read * share
+                cached[b] += r.cached_bytes * share
+                decoded[b] += r.decoded_bytes * share
             busy[b] += overlap / dt
     t = [round(b * dt, 4) for b in range(n)]
     connected = _connected_workers(summary, t, dt) or (
         [float(workers)] * n if workers is not None else [round(x, 3) for x in busy])
     return Timeline(dt, t, connected, [round(x, 3) for x in busy],
                     [round(x * 8 / dt / 1e9, 6) for x in nbytes],
-                    [round(x / dt / 1e3, 3) for x in events])
+                    [round(x / dt / 1e3, 3) for x in events],
+                    [round(x / dt / 1e9, 6) for x in cached],
+                    [round(x / dt / 1e9, 6) for x in decoded],
+                    [round(hit_fraction(c, d), 4) for c, d in zip(cached, decoded, strict=True)])
 
 
 def _spread(start: float, end: float, dt: float,

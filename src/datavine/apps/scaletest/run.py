@@ -11,8 +11,10 @@
    HTCondor workers through ``vine_factory`` (:class:`~datavine.deploy.pools.CondorPool`). Workers
    are connected before the clock starts, as the challenge's pools were pre-started;
 4. a first graph that reads each file's entry count on the workers (a file that does not
-   open is reported failed, not fatal), then the processing graph: one task per chunk
-   (:func:`datavine.apps.scaletest.tasks.run_chunk`) and a merge tree on the workers, timed;
+   open is reported failed, not fatal), then the processing graph: one task per chunk and
+   pass (:func:`datavine.apps.scaletest.tasks.run_chunk`; the chunk a ``(path, start, stop)``
+   argument, so placement sends a later pass's chunk to the worker whose column cache holds
+   it) and a merge tree on the workers, timed;
 5. the report (:func:`datavine.apps.scaletest.report.build_report`), and the run's view saved
    as one HTML file (``dashboard_html``; the live view's address is printed when the
    cluster is up: :mod:`datavine.dashboard`).
@@ -87,6 +89,13 @@ class ScaleTestConfig:
         dashboard_html: save the processing run's view there (one HTML file).
         memory_caps: run every bundle under datavine's memory caps, in the library's
             capped child (the default); ``False`` runs bundles in the library process.
+        column_cache: the workers keep the columns they decoded
+            (``RunConfig.column_cache``, on by default): a later pass over the same files
+            reads them from memory. The report gives the hit fraction of the run and of
+            each pass. Applies to the cluster the scale test starts (a given one keeps its
+            settings).
+        drop_caches: empty the workers' column caches before processing
+            (``cluster.drop_caches()``): a cold first pass on a cluster that ran before.
     """
 
     files: int = 8
@@ -115,6 +124,8 @@ class ScaleTestConfig:
     dashboard: bool | DashboardConfig | None = None
     dashboard_html: Path | None = None
     memory_caps: bool = True
+    column_cache: bool = True
+    drop_caches: bool = False
     tree: str = "Events"
 
     def __post_init__(self) -> None:
@@ -162,7 +173,9 @@ def run_scale_test(config: ScaleTestConfig, cluster: Cluster | None = None) -> S
         t = time.monotonic()
         infos = read_file_infos(cluster, files, config.tree)
         setup["metadata_s"] = round(time.monotonic() - t, 3)
-        chunks = make_chunks(infos, config.chunk_events) * config.passes
+        chunks = make_chunks(infos, config.chunk_events)
+        if config.drop_caches:
+            cluster.drop_caches()
         t0 = time.time()
         started = time.monotonic()
         tally = process_chunks(cluster, chunks, config) if chunks else Tally()
@@ -171,7 +184,8 @@ def run_scale_test(config: ScaleTestConfig, cluster: Cluster | None = None) -> S
         workers, cores = pool_size(cluster, summary)
         view = save_view(cluster, config) if chunks else None
     report = build_report(infos, tally, wall_s=wall_s, t0=t0, workers=workers, cores=cores,
-                          summary=summary, n_chunks=len(chunks), bin_s=config.bin_s,
+                          summary=summary, n_chunks=len(chunks) * config.passes,
+                          bin_s=config.bin_s,
                           passes=config.passes)
     report.setup_s = setup
     report.config = {k: (str(v) if isinstance(v, Path) else v)
@@ -298,12 +312,13 @@ def cluster_request(config: ScaleTestConfig, shardmap: ShardMap | None) -> Clust
             facility=load_facility(config.facility), shardmap=shardmap,
             progress=config.progress, timeout_s=config.timeout_s,
             memory_caps=config.memory_caps, pool_workers=config.n_workers if external else None,
-            connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard)
+            connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard,
+            column_cache=config.column_cache)
     request = ClusterRequest(
         shardmap=shardmap, progress=config.progress, timeout_s=config.timeout_s,
         memory_caps=config.memory_caps, no_worker_timeout_s=max(60.0, config.connect_timeout_s),
         connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard,
-        run_dir_prefix="datavine-scaletest-")
+        run_dir_prefix="datavine-scaletest-", column_cache=config.column_cache)
     if config.pool == "local":
         return replace(request, workers=config.n_workers, cores=config.cores,
                        memory_mb=config.memory_mb)
@@ -384,7 +399,8 @@ def make_chunks(infos: Sequence[FileInfo], chunk_events: int) -> list[tuple[str,
 
 def process_chunks(cluster: Cluster, chunks: Sequence[tuple[str, int, int]],
                    config: ScaleTestConfig) -> Tally:
-    graph, final = analysis_graph(chunks, config.retries, config.merge_fanin)
+    """Every chunk ``config.passes`` times, in one graph, merged on the workers."""
+    graph, final = analysis_graph(chunks, config.retries, config.merge_fanin, config.passes)
     if cluster.dashboard is not None:  # events/s in the live view
         cluster.dashboard.expect_events(chunk_events(graph))
     return cluster.get(graph, [final])[0]
@@ -392,21 +408,34 @@ def process_chunks(cluster: Cluster, chunks: Sequence[tuple[str, int, int]],
 
 def chunk_events(graph: Mapping[Key, Task]) -> dict[Key, int]:
     """The events of each chunk's task in an :func:`analysis_graph` (for the live view)."""
-    return {key: task[3] - task[2] for key, task in graph.items()
-            if isinstance(key, tuple) and key[0] == "agc-chunk"
-            and isinstance(task[2], int) and isinstance(task[3], int)}
+    out: dict[Key, int] = {}
+    for key, task in graph.items():
+        if isinstance(key, tuple) and key[0] == "agc-chunk" and isinstance(task[1], tuple):
+            _, start, stop = task[1]
+            if isinstance(start, int) and isinstance(stop, int):
+                out[key] = stop - start
+    return out
 
 
-def analysis_graph(chunks: Sequence[tuple[str, int, int]], retries: int,
-                   fanin: int) -> tuple[dict[Key, Task], Key]:
-    """A task per chunk (the path a direct argument, so datavine sees what it reads) and a
-    merge tree, ``fanin`` at a time; returns (graph, final key)."""
+def analysis_graph(chunks: Sequence[tuple[str, int, int]], retries: int, fanin: int,
+                   passes: int = 1) -> tuple[dict[Key, Task], Key]:
+    """A task per chunk and pass (the chunk a ``(path, start, stop)`` argument, so datavine
+    sees the file and the entries it reads) and a merge tree, ``fanin`` at a time; returns
+    (graph, final key).
+
+    A chunk's task in a later pass takes the previous pass's result of the same chunk (and
+    ignores it): each pass reads a chunk after the one before has, as a rerun does, on the
+    worker that holds it when that worker frees up in time. Without it dask's order ran a
+    chunk's later reads before or beside its first, and a pass's figures mixed cold and
+    warm reads."""
     token = uuid.uuid4().hex
     graph: dict[Key, Task] = {}
-    for i, (path, start, stop) in enumerate(chunks):
-        graph[("agc-chunk", token, i)] = (run_chunk, path, start, stop, retries)
+    for p in range(passes):
+        for i, (path, start, stop) in enumerate(chunks):
+            before = ("agc-chunk", token, (p - 1) * len(chunks) + i) if p else None
+            graph[("agc-chunk", token, p * len(chunks) + i)] = (
+                run_chunk, (path, start, stop), retries, p, before)
     final = add_merge_tree(graph, list(graph), fanin,
                            key=lambda depth, j: ("agc-merge", token, depth, j),
                            task=lambda keys: (merge_tallies, keys))
     return graph, final
-

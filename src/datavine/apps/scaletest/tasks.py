@@ -3,8 +3,10 @@
 Every function here runs in a datavine task and never raises: a file that cannot be read
 becomes a record with an ``error``, so one bad file cannot stop the run, and the report
 names it. Each chunk record carries when it ran (epoch seconds), on which worker process,
-how many events and compressed bytes it read, and the process's peak memory: the report's
-timeline is built from these records.
+in which pass over the dataset, how many events and compressed bytes it read, the decoded
+bytes it took from the worker's column cache and those it decoded from the file
+(:mod:`datavine.io.column_cache`), and the process's peak memory: the report's figures and
+timeline are built from these records.
 
 Imported on workers: keep imports light (uproot is imported by the analysis when used).
 """
@@ -17,8 +19,9 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from datavine.apps.analysis.agc import ChunkResult, process_chunk
+from datavine.apps.analysis.agc import AGC, BRANCHES, EDGES, ChunkResult, select_and_fill
 
 _MAX_ERROR = 500
 
@@ -38,7 +41,9 @@ class ChunkRecord:
     """One chunk as it ran: where, when, what it read, or why it failed.
 
     ``bytes_read`` is every compressed byte the chunk's file handle requested (metadata
-    included), ``peak_mb`` the worker process's peak resident memory after the chunk.
+    included), ``cached_bytes`` the decoded bytes served from the worker's column cache and
+    ``decoded_bytes`` those decoded from the file, ``peak_mb`` the worker process's peak
+    resident memory after the chunk, ``pass_index`` the pass over the dataset (from 0).
     """
 
     path: str
@@ -52,6 +57,9 @@ class ChunkRecord:
     peak_mb: float = 0.0
     attempts: int = 1
     error: str | None = None
+    cached_bytes: int = 0
+    decoded_bytes: int = 0
+    pass_index: int = 0
 
 
 @dataclass
@@ -75,25 +83,33 @@ def file_info(path: str, tree: str = "Events") -> FileInfo:
         return FileInfo(path, error=_describe(exc))
 
 
-def run_chunk(path: str, entry_start: int, entry_stop: int, retries: int = 1) -> Tally:
-    """The AGC analysis over one chunk, retried on ``OSError`` (I/O) up to ``retries``
-    times; a failure is returned as a record with ``error``."""
+def run_chunk(chunk: tuple[str, int, int], retries: int = 1, pass_index: int = 0,
+              after: Tally | None = None) -> Tally:
+    """The AGC analysis over one chunk (``(path, entry_start, entry_stop)``: the scheduler
+    names the entry range it reads from this triple, and sends it where its columns are),
+    retried on ``OSError`` (I/O) up to ``retries`` times; a failure is returned as a record
+    with ``error``. ``after``: the previous pass's result of the chunk, unused (the
+    dependency orders the passes)."""
+    del after
+    path, entry_start, entry_stop = chunk
     started = time.time()
     attempts = 0
     while True:
         attempts += 1
         try:
-            result, nbytes = _process(path, entry_start, entry_stop)
+            result, read = _process(path, entry_start, entry_stop)
         except Exception as exc:
             if isinstance(exc, OSError) and attempts <= retries:
                 time.sleep(0.2 * attempts)
                 continue
             record = ChunkRecord(path, entry_start, entry_stop, worker_name(), started,
                                  time.time(), peak_mb=peak_rss_mb(), attempts=attempts,
-                                 error=_describe(exc))
+                                 error=_describe(exc), pass_index=pass_index)
             return Tally(records=[record])
         record = ChunkRecord(path, entry_start, entry_stop, worker_name(), started, time.time(),
-                             result.events, nbytes, peak_rss_mb(), attempts)
+                             result.events, read.bytes_read, peak_rss_mb(), attempts,
+                             cached_bytes=read.cached, decoded_bytes=read.decoded,
+                             pass_index=pass_index)
         return Tally(result, [record])
 
 
@@ -107,16 +123,28 @@ def merge_tallies(parts: Sequence[Tally]) -> Tally:
     return Tally(total, records)
 
 
-def _process(path: str, entry_start: int, entry_stop: int) -> tuple[ChunkResult, int]:
-    """The chunk's result and every byte its file handle was asked for (headers and
-    metadata included: what the storage served), not only the branches' baskets."""
+class _Cost(NamedTuple):
+    bytes_read: int  # compressed, every byte the file handle was asked for
+    cached: int  # decoded bytes served from the column cache
+    decoded: int  # decoded bytes decoded from the file
+
+
+def _process(path: str, entry_start: int, entry_stop: int) -> tuple[ChunkResult, _Cost]:
+    """The chunk's result (:func:`datavine.apps.analysis.agc.process_chunk`'s, its columns
+    through the worker's column cache) and what it cost: every byte its file handle was
+    asked for (headers and metadata included: what the storage served), not only the
+    branches' baskets, and the decoded bytes from the cache and from the file."""
+    from datavine.io.cached_arrays import read_arrays
     from datavine.io.reading import open_input
 
     with open_input(path) as directory:
-        result = process_chunk(directory, entry_start, entry_stop)
+        read = read_arrays(directory, BRANCHES, entry_start, entry_stop)
+        counts, selected = select_and_fill(read.arrays, AGC)
+        result = ChunkResult(counts, EDGES.copy(), len(read.arrays["Jet_pt"]), selected,
+                             read.bytes_read, read.path)
         source = getattr(getattr(directory, "file", None), "source", None)
         nbytes = int(getattr(source, "num_requested_bytes", 0) or 0)
-    return result, max(nbytes, result.bytes_read)
+    return result, _Cost(max(nbytes, result.bytes_read), read.cached, read.decoded)
 
 
 def worker_name() -> str:
