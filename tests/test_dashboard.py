@@ -113,6 +113,52 @@ def test_near_and_far_bytes_are_the_summarys() -> None:
     assert run.bytes_by_nearness[ON_HOST] == 3  # only the local file, for worker x
 
 
+def test_the_column_caches_bytes_are_the_summarys_and_the_header_shows_them() -> None:
+    """Read records as a bundle's result carries them (io/reading.py: the cache's use on a
+    file's first open, a file served from memory alone as server "memory", a held piece's
+    record): through done_record into the board, the cache's bytes and the reads' nearness
+    and failovers are what RunSummary.add_reads counts; a "memory" record is no server
+    and no open; the header shows the hit share."""
+    reads = [{"lfn": "/f1", "server": "xc-a", "rack": "A", "bytes": 4000, "cached": 0,
+              "decoded": 3000, "errors": [("xc-b", "EIO")]},
+             {"lfn": "/f2", "server": "memory", "rack": None, "bytes": 0, "cached": 9000,
+              "decoded": 0},
+             {"lfn": "/f2@0-100", "server": "memory", "rack": None, "bytes": 0},
+             {"lfn": "/f3", "server": "origin", "rack": None, "bytes": 500, "cached": 1000,
+              "decoded": 500}]
+    record = ev.done_record(1, 1, {"status": "ok", "worker": "a2", "host": "a2.box",
+                                   "rack": "A", "reads": reads}, "a2.box:9000")
+    board = Board().apply_all(records(
+        {"k": "run", "run": 1, "tasks": 1, "files": {}, "shards": SHARDS}, sent(1),
+        dict(record)))
+    summary = RunSummary()
+    summary.add_reads(reads, "A")
+    run = board.run
+    assert run is not None
+    assert (run.cache_hit_bytes, run.cache_decoded_bytes) == (
+        summary.cache.hit_bytes, summary.cache.miss_bytes) == (10_000, 3500)
+    assert run.cache_hit_fraction == pytest.approx(summary.cache.hit_fraction)
+    assert (run.near_bytes, run.far_bytes) == (summary.reads.near_bytes,
+                                               summary.reads.far_bytes)
+    assert run.failovers == summary.reads.failovers == 1
+    assert "memory" not in run.bytes_by_server and "/f2" not in run.slow
+    p = cols.progress(board)
+    assert (p["cache_hit_bytes"], p["cache_decoded_bytes"]) == (10_000, 3500)
+    pytest.importorskip("bokeh")
+    from datavine.dashboard.views import header_html
+
+    text = header_html(p)
+    assert 'data-figure="cache-hit-bytes">10,000<' in text
+    assert 'data-figure="cache-decoded-bytes">3,500<' in text
+    assert f'data-figure="cache-hit-percent">{10_000 / 13_500:.1%}<' in text
+    # a file from before the cache's figures: five fields a read, no cache line
+    old = Board().apply_all(records(
+        {"k": "run", "run": 1, "tasks": 1, "files": {}, "shards": SHARDS}, sent(1),
+        done(1, reads=[read("/f1", "xc-a", "A", 100)])))
+    assert old.run is not None and old.run.cache_hit_bytes == 0
+    assert "cache-hit" not in header_html(cols.progress(old))
+
+
 def test_a_backup_copy_is_no_bundle_and_a_cancelled_call_is_not_running() -> None:
     """A copy's sent record counts as a copy, not a bundle, and its events once; the call
     cancelled when its twin came first leaves the calls in flight."""

@@ -58,6 +58,9 @@ class Progress(TypedDict, total=False):
     bytes_by_nearness: dict[str, int]
     bytes_by_server: dict[str, int]
     gbps: float
+    cache_hit_bytes: int
+    cache_decoded_bytes: int
+    cache_hit_fraction: float
     outcomes: dict[str, int]
     failures: int
     summary: EndSummary | None
@@ -115,6 +118,8 @@ def progress(board: Board) -> Progress:
         "bytes_by_nearness": {n: int(run.bytes_by_nearness[n]) for n in NEARNESS},
         "bytes_by_server": dict(run.bytes_by_server),
         "gbps": total_bytes * 8 / 1e9 / elapsed if elapsed > 0 else 0.0,
+        "cache_hit_bytes": run.cache_hit_bytes, "cache_decoded_bytes": run.cache_decoded_bytes,
+        "cache_hit_fraction": run.cache_hit_fraction,
         "outcomes": {o: run.outcomes.get(o, 0) for o in OUTCOMES},
         "failures": run.bundles_failed, "summary": run.end,
     })

@@ -246,12 +246,14 @@ def done_record(call: int, tasks: int, result: Mapping[str, Any] | None, addrpor
                 failure: str = "") -> DoneRecord:
     """A call came back: its status (``died``: its worker or library died under it), the
     worker, host and rack it ran on, seconds, memory peak and cap, each read as
-    ``[file, server, rack, bytes, failovers]``, and why it did not succeed."""
+    ``[file, server, rack, bytes, failovers, cached, decoded]`` (the last two: decoded bytes
+    from the worker's column cache and from the file), and why it did not succeed."""
     if result is None:
         return {"k": "done", "call": call, "n": tasks, "status": "died", "addr": addrport,
                 "why": failure}
     reads: list[Read] = [(r.get("lfn"), str(r.get("server")), r.get("rack"),
-                          int(r.get("bytes", 0)), len(r.get("errors", ())))
+                          int(r.get("bytes", 0)), len(r.get("errors", ())),
+                          int(r.get("cached", 0)), int(r.get("decoded", 0)))
                          for r in result.get("reads", ())]
     record: DoneRecord = {
         "k": "done", "call": call, "n": tasks, "status": str(result.get("status")),

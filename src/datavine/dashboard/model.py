@@ -11,10 +11,14 @@
   failed, events), throughput over time in bins (bytes per XCache server and per nearness:
   on the worker's host, same rack, inter-rack; tasks and events), each bundle's bar in the
   task stream coloured by its outcome (:func:`outcome`), the failures with their cause and
-  the slowest files.
+  the slowest files; the decoded bytes the workers' column caches served and those decoded
+  from files; the reads' failovers.
 
-Nearness follows :meth:`datavine.scheduler.summary.RunSummary.add_reads` exactly (near =
-on the host + same rack), so the view's byte totals are the summary's.
+Nearness and the column cache's bytes follow
+:meth:`datavine.scheduler.summary.RunSummary.add_reads` exactly (near = on the host + same
+rack; a read of server :data:`MEMORY`, the column cache alone, opened no file), so the
+view's byte totals are the summary's. The Prometheus metrics
+(:mod:`datavine.dashboard.metrics`) are read from the same board.
 :mod:`datavine.dashboard.columns` turns a board into what the figures plot. No clock, no
 I/O: every record carries its time.
 """
@@ -56,6 +60,7 @@ OUTCOME_COLOURS = {DONE: "#2ca02c", FAILED_OVER: "#9467bd", HIGHER_CAP: "#ff7f0e
 ON_HOST, SAME_RACK, INTER_RACK = "on the host", "same rack", "inter-rack"
 NEARNESS = (ON_HOST, SAME_RACK, INTER_RACK)
 NEARNESS_COLOURS = {ON_HOST: "#2ca02c", SAME_RACK: "#1f77b4", INTER_RACK: "#d62728"}
+MEMORY = "memory"  # a read's server when the column cache alone served it (io/reading.py)
 BIN_S = 0.25  # throughput is kept in bins this wide, merged for the figures
 SLOWEST = 10  # files listed
 MAX_FAILURES = 200  # kept per run (the summary has them all)
@@ -224,6 +229,9 @@ class RunFold:
     bytes_by_nearness: Counter[str] = field(default_factory=Counter)
     bytes_by_server: Counter[str] = field(default_factory=Counter)
     bytes_by_place: Counter[tuple[str, str]] = field(default_factory=Counter)  # (server, near)
+    cache_hit_bytes: int = 0  # decoded bytes the workers' column caches served
+    cache_decoded_bytes: int = 0  # decoded from files (what a cache could serve next time)
+    failovers: int = 0  # reads that failed over to another server, of bundles done
     stream: list[Bar] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     slow: dict[str, SlowFile] = field(default_factory=dict)
@@ -251,6 +259,12 @@ class RunFold:
     def far_bytes(self) -> int:
         return int(self.bytes_by_nearness[INTER_RACK])
 
+    @property
+    def cache_hit_fraction(self) -> float:
+        """The share of the decoded bytes read that came from the column caches."""
+        total = self.cache_hit_bytes + self.cache_decoded_bytes
+        return self.cache_hit_bytes / total if total else 0.0
+
 
 class Board:
     """The view's state, folded from records in order."""
@@ -264,6 +278,7 @@ class Board:
         self.pids: dict[str, int] = {}  # local workers' PIDs (their memory is read here)
         self.manager_pid: int | None = None
         self.usage: UsageNow = {}  # the manager's and the host's, from the server
+        self.workers_lost = 0  # times a worker was seen to leave or be lost
         self.last_t = 0.0
 
     @property
@@ -379,7 +394,14 @@ class Board:
     def _reads(self, run: RunFold, row: WorkerRow, r: DoneRecord, reads: list[Read],
                start: float, end: float, wall: float) -> None:
         bins = run.bins
-        for lfn, server, rack, nbytes, _ in reads:
+        for read in reads:
+            lfn, server, rack, nbytes, failovers = read[:5]
+            if len(read) >= 7:  # else a file from before the column cache's figures
+                run.cache_hit_bytes += int(read[5])
+                run.cache_decoded_bytes += int(read[6])
+            if server == MEMORY:  # the column cache alone: no file was opened
+                continue
+            run.failovers += int(failovers)
             shard = run.shards.get(server)
             near = nearness(server, rack, r.get("rack"), r.get("host"),
                             shard.get("host") if shard is not None else None)
@@ -431,6 +453,7 @@ class Board:
         lost = set(r.get("gone", [])) | {self.by_addr.get(a, a) for a in r.get("lost", [])}
         for row in self.workers.values():
             if row.id in lost or (row.id not in present and row.state != "joining"):
+                self.workers_lost += row.state != "lost"
                 row.state, row.running = "lost", 0
 
     def _end(self, r: EndRecord, t: float) -> None:

@@ -65,8 +65,10 @@ class SentRecord(TypedDict):
     copy: NotRequired[int]  # 1: a backup copy of a bundle already sent (not a bundle)
 
 
-# One read of a bundle: (logical file name, server, its rack, bytes, failovers).
-Read = tuple[str, str, str | None, int, int]
+# One read of a bundle: (logical file name, server, its rack, bytes, failovers, decoded bytes
+# the worker's column cache served, decoded bytes decoded from the file). A file written
+# before the column cache's figures has the first five only (the board reads them as 0).
+Read = tuple[str, str, str | None, int, int, int, int]
 
 
 class DoneRecord(TypedDict):

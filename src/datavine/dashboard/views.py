@@ -1,9 +1,11 @@
 """The view's figures, in Bokeh: built once from a :class:`~datavine.dashboard.model.Board`
 and updated from it (the live server), or built once and saved (the report).
 
-One page, top to bottom: the run's progress (a header); the workers by rack and host
-(a table: state, cores, calls running, bundles done and failed, memory in use against the
-cap of the bundle they run, peak, CPU) and their memory against their caps; throughput over
+One page, top to bottom: the run's progress (a header: tasks, bundles, files, events, bytes
+by nearness, outcomes, the share of decoded bytes the workers' column caches served); the
+workers by rack and host (a table: state, cores, calls running, bundles done and failed,
+memory in use against the cap of the bundle they run, peak, CPU) and their memory against
+their caps; throughput over
 time (Gbps per XCache server with the total, Gbps by nearness: on the host, same rack,
 inter-rack; events/s and tasks/s) and the bytes each server served by nearness; the task
 stream (each bundle a bar on its worker's line, coloured by its outcome); the failures with
@@ -216,6 +218,13 @@ def header_html(p: Progress) -> str:
     outcomes = ", ".join(f"{fig('outcome-' + o.replace(' ', '-'), n)} {o}"
                          for o, n in p["outcomes"].items() if n)
     lines.insert(2, f"bundles: {outcomes or 'none back yet'}")
+    hits, decoded = p["cache_hit_bytes"], p["cache_decoded_bytes"]
+    if hits or decoded:  # reads through the workers' column caches (io/cached_arrays.py)
+        share = f"{p['cache_hit_fraction']:.1%}"
+        lines.insert(3, (
+            f"column cache: {fig('cache-hit-percent', share)} "
+            f"of the decoded bytes from workers' memory: {fig('cache-hit-bytes', hits)} B "
+            f"from memory, {fig('cache-decoded-bytes', decoded)} B decoded from files"))
     return "<div style='font-size:14px;line-height:1.6'>" + "<br>".join(lines) + "</div>"
 
 
