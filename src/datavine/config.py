@@ -117,6 +117,9 @@ class RunConfig:
         bundles_per_slot: bundles kept submitted per worker core: with datavine's TaskVine
             (patch 0015) they wait in the library on the worker and the next starts as one
             ends; also the library's function slots.
+        longest_first: tasks that read the most entries go out first
+            (:mod:`datavine.scheduler.longest_first`): a run's last bundles are its
+            shortest, so its cores finish close together; equal chunks keep dask's order.
         wait_s: the longest the manager waits for a result in one loop turn (whole seconds,
             >= 1: TaskVine's wait takes whole seconds and does nothing with 0); a result is
             handled as soon as it arrives.
@@ -188,6 +191,7 @@ class RunConfig:
     max_bundle_tasks: int = 512
     target_bundle_s: float = 0.25
     bundles_per_slot: int = 2
+    longest_first: bool = True
     wait_s: float = 1.0
     progress: bool = False
     memory: MemoryPolicy | None = field(default_factory=MemoryPolicy)
@@ -277,6 +281,7 @@ class RunChanges(TypedDict, total=False):
     max_bundle_tasks: int
     target_bundle_s: float
     bundles_per_slot: int
+    longest_first: bool
     wait_s: float
     progress: bool
     memory: MemoryPolicy | None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from datavine.scheduler.graph import TaskGraph
@@ -75,8 +75,13 @@ class Planner:
     """Tracks which tasks are ready, running and done, and forms bundles."""
 
     def __init__(self, graph: TaskGraph, *, files: Callable[[Key], tuple[str, ...]],
-                 costs: CostModel, target_s: float, max_tasks: int) -> None:
+                 costs: CostModel, target_s: float, max_tasks: int,
+                 priority: Mapping[Key, int] | None = None) -> None:
+        """``priority``: the order ready tasks are taken in (lower first; default dask's,
+        ``graph.priority``; :func:`datavine.scheduler.longest_first.longest_first` gives
+        one where larger reads go first)."""
         self.graph = graph
+        self._priority = graph.priority if priority is None else priority
         self._files = files
         self.costs = costs
         self._target_s = target_s
@@ -88,7 +93,7 @@ class Planner:
         self.done: set[Key] = set()
         for key, n in self._missing.items():
             if n == 0:
-                heapq.heappush(self._ready, (graph.priority[key], key))
+                heapq.heappush(self._ready, (self._priority[key], key))
 
     @property
     def finished(self) -> bool:
@@ -184,14 +189,14 @@ class Planner:
                     continue
                 self._missing[dep] -= 1
                 if self._missing[dep] == 0 and dep not in self._scheduled:
-                    heapq.heappush(self._ready, (self.graph.priority[dep], dep))
+                    heapq.heappush(self._ready, (self._priority[dep], dep))
 
     def requeue(self, bundle: Bundle) -> None:
         """Put a failed bundle's tasks back: they are ready again (their inputs are kept)."""
         self._scheduled.difference_update(bundle.keys)
         for key in bundle.keys:
             if self._missing[key] == 0:
-                heapq.heappush(self._ready, (self.graph.priority[key], key))
+                heapq.heappush(self._ready, (self._priority[key], key))
 
     def undo(self, lost: Iterable[Key], available: Callable[[Key], bool]) -> set[Key]:
         """Done tasks whose values were lost (the worker holding them left) must run again,
@@ -215,5 +220,5 @@ class Planner:
                 if dep not in undone and dep not in self.done:
                     self._missing[dep] += 1
             if self._missing[key] == 0:
-                heapq.heappush(self._ready, (self.graph.priority[key], key))
+                heapq.heappush(self._ready, (self._priority[key], key))
         return undone

@@ -21,7 +21,7 @@ from datavine.io.column_cache import marker_name, piece_name
 from datavine.io.shards import logical_name
 from datavine.scheduler.inputs import looks_like_input
 
-__all__ = ["marker_name", "piece_name", "task_pieces"]
+__all__ = ["marker_name", "piece_name", "task_entries", "task_pieces"]
 
 _MAX_DEPTH = 4
 _MAX_ITEMS = 64
@@ -35,6 +35,17 @@ def task_pieces(node: GraphNode) -> tuple[str, ...]:
     elif isinstance(node, DataNode):
         _scan(node.value, found, 0)
     return tuple(dict.fromkeys(found))
+
+
+def task_entries(node: GraphNode) -> int | None:
+    """The number of entries the task's pieces name (None: it names no bounded range)."""
+    total, found = 0, False
+    for piece in task_pieces(node):
+        start, _, stop = piece.rsplit("@", 1)[1].partition("-")
+        if start.isdigit() and stop.isdigit() and int(stop) > int(start):
+            total += int(stop) - int(start)
+            found = True
+    return total if found else None
 
 
 def _piece(obj: object) -> str | None:

@@ -57,9 +57,11 @@ from datavine.scheduler.inputs import task_files
 from datavine.scheduler.intermediates import Intermediates, Plan
 from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
+from datavine.scheduler.longest_first import longest_first
 from datavine.scheduler.memory import GiveUp
 from datavine.scheduler.network import Finding
 from datavine.scheduler.once import FirstSeen
+from datavine.scheduler.pieces import task_entries
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.run_copies import SPECULATE_EVERY_S, BackupCopies
 from datavine.scheduler.run_messages import (
@@ -108,7 +110,8 @@ class RunState(BackupCopies):
         if self.files_of is None:
             self.files_of = {k: task_files(n) for k, n in graph.nodes.items()}.__getitem__
         self.planner = Planner(graph, files=self.files_of, costs=learned.costs,
-                               target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks)
+                               target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks,
+                               priority=self._order(graph) if cfg.longest_first else None)
         if cfg.racks is not None and learned.topology.racks is None:
             learned.topology.racks = cfg.racks  # for workers seen from now on
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
@@ -154,6 +157,13 @@ class RunState(BackupCopies):
 
     def results(self) -> dict[Key, Any]:
         return {k: self.values[k] for k in self.graph.outputs}
+
+    @staticmethod
+    def _order(graph: graphs.TaskGraph) -> dict[Key, int]:
+        """dask's order with the larger reads first (:mod:`.longest_first`)."""
+        sizes = {k: n for k, node in graph.nodes.items()
+                 if (n := task_entries(node)) is not None}
+        return longest_first(graph.priority, sizes)
 
     def handle(self, *events: Event) -> list[Instruction]:
         """Apply ``events`` in order; the instructions they call for, in order. After a
