@@ -183,6 +183,18 @@ class RunConfig:
         column_cache_mb: an upper bound in MB on every worker process's cache (``None``: the
             share alone), and the bound of uncapped bundles' caches (``memory=None``:
             ``UNCAPPED_CACHE_MB`` when ``None``).
+        input_cache_mb: the byte ranges a worker fetches from ``root://`` servers (the XCache
+            shards) are kept on its disk, up to this many MB per worker, and a rerun reads
+            them from there instead of the network (:mod:`datavine.io.disk_cache`: keyed by
+            the file's ROOT header, so a changed file is never served from it; bytes served
+            from disk are in ``last_summary.reads.disk_bytes``). 0 (the default): off. The
+            cache lives in the worker's workspace (TaskVine's cache folder), which is the
+            batch slot's scratch disk: TaskVine counts it as the worker's disk in use (a
+            worker started with ``--disk`` leaves its manager when it uses more), the batch
+            system counts it against the job's disk, and it takes at most half of the disk's
+            free space. Only the site knows how much scratch its slots have and whether its
+            network to the XCache is what limits a rerun, so it is off until the facility
+            file says how much (``[run] input_cache_mb``; a few GB is typical).
     """
 
     max_retries: int = 3
@@ -214,6 +226,7 @@ class RunConfig:
     column_cache: bool = True
     column_cache_share: float = 0.5
     column_cache_mb: float | None = None
+    input_cache_mb: float = 0.0
 
     def column_cache_budget_mb(self, cap_mb: float | None) -> float:
         """The column cache's bound (MB) for a bundle under ``cap_mb`` (None: uncapped)."""
@@ -266,6 +279,9 @@ class RunConfig:
         if self.column_cache_mb is not None and self.column_cache_mb < 0:
             raise ConfigError(f"RunConfig.column_cache_mb must be >= 0, got "
                               f"{self.column_cache_mb}")
+        if not self.input_cache_mb >= 0:
+            raise ConfigError(f"RunConfig.input_cache_mb must be >= 0 (0: off), got "
+                              f"{self.input_cache_mb}")
 
     def replace(self, **changes: Unpack[RunChanges]) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -304,6 +320,7 @@ class RunChanges(TypedDict, total=False):
     column_cache: bool
     column_cache_share: float
     column_cache_mb: float | None
+    input_cache_mb: float
 
 
 def check_counts(owner: str, counts: Mapping[str, object], *, minimum: int = 1,

@@ -42,7 +42,7 @@ from typing import (
 
 from datavine.errors import DatavineError
 
-PROTOCOL = 3  # bumped whenever a field of BundleSpec or BundleResult changes
+PROTOCOL = 4  # bumped whenever a field of BundleSpec or BundleResult changes
 
 
 class ProtocolError(DatavineError):
@@ -81,6 +81,8 @@ class ReadRecordDict(TypedDict):
     cached: NotRequired[int]
     decoded: NotRequired[int]
     dropped: NotRequired[bool]
+    # bytes the worker's disk served instead of the server (datavine.io.disk_cache), protocol 4
+    disk: NotRequired[int]
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class BundleSpec:
     # the RSS the bundle's process may keep after it, cache included (MB; 0: no bound): a
     # capped child idling above its share of the next cap would be replaced, cache and all
     cache_rss_mb: float = 0.0
+    # the bound on the worker's disk cache of input bytes (MB; 0: off), protocol 4
+    # (datavine.io.disk_cache: RunConfig.input_cache_mb)
+    input_cache_mb: float = 0.0
 
     what: ClassVar[str] = "bundle spec"
 

@@ -17,6 +17,11 @@ open is recorded with the bytes its handle requested; the bundle's result carrie
 :class:`ReadRecord` back, and the run summary counts them near (a local file, or a shard in
 the worker's rack) or far (another rack's shard, the origin, a direct URL). A read that
 fails after its open is failed over by the caller (:meth:`ReadContext.fail_shards_since`).
+With a bound on the worker's disk cache (``RunConfig.input_cache_mb``,
+:mod:`datavine.io.disk_cache`) every ``root://`` file opened with this module's openers
+reads through :class:`~datavine.io.source.disk.DiskCachedSource`: the ranges kept on the
+worker's disk come from there (a record's ``disk`` bytes), the rest from the server (its
+``bytes``), and are kept.
 Outside a bundle (on the client, in a plain loop) nothing is recorded and, without a
 ``shardmap``, files are opened as given.
 
@@ -26,11 +31,11 @@ Imported on workers: uproot and XRootD are imported only when a file is opened.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from datavine.io import column_cache
+from datavine.io import column_cache, disk_cache
 from datavine.io.shards import ShardHealth, ShardMap
 from datavine.io.source.base import (
     UNSHARDED,
@@ -38,11 +43,12 @@ from datavine.io.source.base import (
     Opener,
     OpenRecord,
     Source,
+    bytes_from_disk,
     bytes_requested,
     is_input_error,
     raised_in_xrootd_client,
 )
-from datavine.io.source.handles import make_source, open_file
+from datavine.io.source.handles import is_xrootd, make_source, open_file
 from datavine.io.source.local import LocalSource
 from datavine.protocol import ReadRecordDict
 
@@ -68,7 +74,7 @@ class ReadRecord:
     lfn: str
     server: str  # shard name, "origin", "local" or "direct"
     rack: str | None  # rack of that server (None: origin, local file or direct URL)
-    bytes: int
+    bytes: int  # asked of the server (not those the worker's disk served)
     failovers: int = 0
     errors: tuple[tuple[str, str], ...] = ()
     # the column cache (datavine.io.column_cache): decoded bytes served from this process's
@@ -76,12 +82,14 @@ class ReadRecord:
     cached: int = 0
     decoded: int = 0
     dropped: bool = False
+    disk: int = 0  # bytes the worker's disk served (datavine.io.disk_cache)
 
     def as_dict(self) -> ReadRecordDict:
         """The record as a bundle's result carries it (``dataclasses.asdict``, typed)."""
         return ReadRecordDict(lfn=self.lfn, server=self.server, rack=self.rack,
                               bytes=self.bytes, failovers=self.failovers, errors=self.errors,
-                              cached=self.cached, decoded=self.decoded, dropped=self.dropped)
+                              cached=self.cached, decoded=self.decoded, dropped=self.dropped,
+                              disk=self.disk)
 
 
 class Opened(NamedTuple):
@@ -107,6 +115,7 @@ class ReadContext:
     # column cache use by logical file name: [decoded bytes served from it, decoded from files]
     cache_use: dict[str, list[int]] = field(default_factory=dict)
     pieces: set[str] = field(default_factory=set)  # entry ranges read through the cache
+    disk: disk_cache.DiskCache | None = None  # the worker's disk cache (None: off)
 
     def add(self, handle: object, record: OpenRecord) -> None:
         self.opened.append(Opened(handle, record.lfn, record.server, record.rack,
@@ -137,7 +146,8 @@ class ReadContext:
                                else (0, 0))
             noted.add(o.lfn)
             out.append(ReadRecord(o.lfn, o.server, o.rack, bytes_requested(o.handle),
-                                  o.failovers, o.errors, cached, decoded))
+                                  o.failovers, o.errors, cached, decoded,
+                                  disk=bytes_from_disk(o.handle)))
         out.extend(ReadRecord(lfn, MEMORY, None, 0, cached=use[0], decoded=use[1])
                    for lfn, use in self.cache_use.items() if lfn not in noted)
         cache = column_cache.cache()
@@ -183,17 +193,21 @@ def shard_health() -> ShardHealth:
 
 @contextlib.contextmanager
 def reading(shardmap: ShardMap | None, avoid: Iterable[str] = (), cache_mb: float = 0.0,
-            cache_epoch: int = 0, cache_rss_mb: float = 0.0) -> Iterator[ReadContext]:
+            cache_epoch: int = 0, cache_rss_mb: float = 0.0,
+            input_cache_mb: float = 0.0) -> Iterator[ReadContext]:
     """Install a read context for the duration of one bundle; its opens try the shards
     named in ``avoid`` last. ``cache_mb``, ``cache_epoch``: the bundle's bound on this
     process's column cache and the cluster's cache epoch
     (:func:`datavine.io.column_cache.configure`); ``cache_rss_mb``: the process's RSS the
     cache leaves at most when the bundle's reads are done
-    (:func:`~datavine.io.column_cache.settle`)."""
+    (:func:`~datavine.io.column_cache.settle`); ``input_cache_mb``: the bound on the
+    worker's disk cache of input bytes (0: off; :func:`datavine.io.disk_cache.configure`,
+    which the cache epoch empties too)."""
     global _context
     cache = column_cache.configure(int(cache_mb * column_cache.MB), cache_epoch)
+    disk = disk_cache.configure(input_cache_mb, cache_epoch)
     previous = _context
-    _context = ReadContext(shardmap, _health, avoid=frozenset(avoid))
+    _context = ReadContext(shardmap, _health, avoid=frozenset(avoid), disk=disk)
     try:
         yield _context
     finally:
@@ -231,10 +245,20 @@ def _open_served(url: str, shardmap: ShardMap | None, opener: Opener[H],
                  options: Mapping[str, object]) -> tuple[H, OpenRecord]:
     ctx = _context
     shards = shardmap if shardmap is not None else (ctx.shardmap if ctx is not None else None)
+    if ctx is not None and ctx.disk is not None and is_xrootd(url) and \
+            opener in (open_file, make_source):  # openers that take ``wrap``
+        options = {**options, "wrap": _disk_wrap(ctx.disk)}
     handle, record = source_for(url, shards).open(url, opener, **options)
     if ctx is not None:
         ctx.add(handle, record)
     return handle, record
+
+
+def _disk_wrap(cache: disk_cache.DiskCache) -> Callable[[object], object]:
+    """Puts the worker's disk in front of an uproot source (uproot imported here)."""
+    from datavine.io.source.disk import DiskCachedSource
+
+    return lambda source: DiskCachedSource(source, cache)
 
 
 def open_input(url: str, *, shardmap: ShardMap | None = None,

@@ -29,10 +29,13 @@ class CategoryStats:
 
 @dataclass
 class ReadStats:
-    """Bytes tasks read through :func:`datavine.io.reading.open_input`, by nearness."""
+    """Bytes tasks read through :func:`datavine.io.reading.open_input`, by nearness: over
+    the network (near or far), or from the worker's own disk (``disk_bytes``: the input-bytes
+    cache, :mod:`datavine.io.disk_cache`)."""
 
     near_bytes: int = 0  # from a shard in the worker's rack, or a file on the worker
     far_bytes: int = 0  # from another rack's shard or the origin
+    disk_bytes: int = 0  # from the worker's disk cache instead of a server
     by_server: Counter[str] = field(default_factory=Counter)
     opens: int = 0
     failovers: int = 0
@@ -154,6 +157,7 @@ class RunSummary:
                 cache.dropped += bool(r.get("dropped")) and str(r.get("lfn")).endswith("@*")
                 continue
             nbytes = int(r.get("bytes", 0))
+            stats.disk_bytes += int(r.get("disk", 0))
             near = r.get("server") == "local" or (
                 worker_rack is not None and r.get("rack") == worker_rack)
             if near:
@@ -165,6 +169,24 @@ class RunSummary:
             errors = r.get("errors", ())
             stats.failovers += len(errors)
             stats.failover_errors.extend(f"{r.get('lfn')}: {s}: {e}" for s, e in errors)
+
+    def served(self) -> dict[str, int]:
+        """Where the run's bytes came from: decoded bytes from the workers' memory (the
+        column cache), input bytes from their disk (the input-bytes cache), from a shard in
+        the worker's rack, from a file on the worker, and from afar (another rack's shard,
+        the origin, a direct URL)."""
+        local = self.reads.by_server.get("local", 0)
+        return {"memory": self.cache.hit_bytes, "disk": self.reads.disk_bytes,
+                "rack": self.reads.near_bytes - local, "local": local,
+                "far": self.reads.far_bytes}
+
+    def served_line(self) -> str:
+        """:meth:`served` in words (MB)."""
+        mb, s = 2**20, self.served()
+        local = f"{s['local'] / mb:,.1f} MB from files on them, " if s["local"] else ""
+        return (f"bytes: {s['memory'] / mb:,.1f} MB from workers' memory (decoded), "
+                f"{s['disk'] / mb:,.1f} MB from their disk, {local}"
+                f"{s['rack'] / mb:,.1f} MB from the rack's shards, {s['far'] / mb:,.1f} MB far")
 
     def placement_line(self) -> str:
         """Bundles per placement tier, best first (every tier, zeros too)."""
@@ -187,6 +209,7 @@ class RunSummary:
             "hosts": dict(self.hosts), "worker_peak_mb": dict(self.worker_peak_mb),
             "placement": dict(self.placement), "memory": dict(self.memory),
             "reads": {"near_bytes": reads.near_bytes, "far_bytes": reads.far_bytes,
+                      "disk_bytes": reads.disk_bytes,
                       "near_fraction": reads.near_fraction, "by_server": dict(reads.by_server),
                       "opens": reads.opens, "failovers": reads.failovers,
                       "failover_errors": list(reads.failover_errors)},
@@ -197,6 +220,7 @@ class RunSummary:
             "lifecycle": self.lifecycle,
             "backups": asdict(self.backups),
             "cache": {**asdict(self.cache), "hit_fraction": self.cache.hit_fraction},
+            "served": self.served(),
         }
 
     def lines(self) -> list[str]:
@@ -221,6 +245,8 @@ class RunSummary:
                        f"{r.far_bytes / mb:,.1f} MB far ({r.near_fraction:.1%} near), "
                        f"{r.failovers} failovers")
             out.extend(f"    failover: {e}" for e in r.failover_errors[:5])
+        if r.opens or self.cache.hit_bytes:
+            out.append(f"  {self.served_line()}")
         c = self.cache
         if c.hit_bytes or c.miss_bytes:
             mb = 2**20

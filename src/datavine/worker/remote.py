@@ -246,7 +246,7 @@ def execute_bundle(spec: BundleSpec) -> BundleResult:
             uses[dep] += 1
     timing: dict[str, list[float]] = {}
     with reading(cast("ShardMap | None", spec.shardmap), spec.avoid, spec.cache_mb,
-                 spec.cache_epoch, spec.cache_rss_mb) as ctx:
+                 spec.cache_epoch, spec.cache_rss_mb, spec.input_cache_mb) as ctx:
         result = _execute(spec.nodes, values, outputs, spec.categories, uses, timing,
                           spec.limits)
         if result.ok:

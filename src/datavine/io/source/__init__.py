@@ -10,7 +10,10 @@
 - :mod:`~datavine.io.source.xcache`: a ``root://`` URL through its XCache shard, failing over
   to the next shard in line and finally the origin;
 - :mod:`~datavine.io.source.handles`: the openers, which make the handle that reads byte
-  ranges (an uproot file, or an uproot source for a ``handler``).
+  ranges (an uproot file, or an uproot source for a ``handler``);
+- :mod:`~datavine.io.source.disk`: not a way but a layer in front of one: the byte ranges
+  of a ``root://`` file kept on the worker's disk (:mod:`datavine.io.disk_cache`), served
+  from there on a rerun (``RunConfig.input_cache_mb``).
 
 Which way a file takes, and the accounting of every open of a bundle (bytes near and far),
 is :mod:`datavine.io.reading`, the one entry point: ``open_input`` for task code,

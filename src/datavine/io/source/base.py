@@ -5,7 +5,8 @@ a ``root://`` URL through the XCache shards): :meth:`Source.open` asks ``opener`
 file on the server that should serve it now and returns what ``opener`` returned with an
 :class:`OpenRecord` saying who served it. The opener makes the handle (an uproot file, or an
 uproot source: :mod:`datavine.io.source.handles`); the handle reads the byte ranges and
-counts them (``num_requested_bytes``, read back by :func:`bytes_requested`).
+counts them (``num_requested_bytes``, read back by :func:`bytes_requested`; the bytes the
+worker's disk served instead, :func:`bytes_from_disk`).
 
 Also here: what counts as a failure of the server rather than of the caller
 (:data:`SERVER_ERRORS`, :func:`is_input_error`) and the error raised when no server could
@@ -97,6 +98,18 @@ def bytes_requested(handle: object) -> int:
             obj = getattr(obj, part, None)
         if obj is not None and hasattr(obj, "num_requested_bytes"):
             return int(obj.num_requested_bytes)
+    return 0
+
+
+def bytes_from_disk(handle: object) -> int:
+    """Bytes the worker's disk served the handle's source so far
+    (:class:`datavine.io.source.disk.DiskCachedSource`); 0 when it has no such source."""
+    for path in ((), ("source",), ("file", "source")):
+        obj = handle
+        for part in path:
+            obj = getattr(obj, part, None)
+        if obj is not None and hasattr(obj, "num_disk_bytes"):
+            return int(obj.num_disk_bytes)
     return 0
 
 
