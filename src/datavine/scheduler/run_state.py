@@ -352,6 +352,7 @@ class RunState(BackupCopies):
             cache_mb=self.cfg.column_cache_budget_mb(cap_mb),  # io/column_cache.py
             cache_epoch=self.learned.topology.cache_epoch,
             cache_rss_mb=self.cfg.column_cache_rss_mb(cap_mb),
+            input_cache_mb=self.cfg.input_cache_mb,  # io/disk_cache.py
         )
 
     # --- the pool ---------------------------------------------------------------------------
