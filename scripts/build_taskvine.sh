@@ -2,34 +2,53 @@
 # Build TaskVine (cctools) from Debian's cctools source package into a prefix inside the
 # project, against the project's own Python.
 #
-#   scripts/build_taskvine.sh [--prefix DIR] [--python PY]
+#   scripts/build_taskvine.sh [--prefix DIR] [--python PY] [--stock]
 #
 # - The orig tarball is fetched with apt's own downloader from the Debian mirror that is
 #   already configured in this machine's apt sources (never a hard-coded host), and its
 #   SHA-256 is checked against the pins below, which match Debian's source indices.
-# - Versions are tried newest first (sid 7.15.x, then trixie 7.14.x).
+# - Versions are tried newest first (sid 7.15.x, then trixie 7.14.x: the series applies to
+#   7.15.9 only, scripts/patches/cctools/README.md says which patch stops the others).
 # - Only what datavine needs is built: dttools, batch_job (vine_factory), taskvine,
 #   resource_monitor and poncho; chirp, parrot, makeflow and friends are skipped.
 # - Patches: scripts/patches/cctools/*.patch are applied in name order (patch -p1); each
-#   says at its top why (what was measured) and is small enough to offer upstream.
+#   says at its top why (what was measured) and its upstream status.
 # - Idempotent: a prefix whose stamp matches (version, checksum, python, bindings, and a
-#   hash of the patch series) is reused; changing, adding or removing a patch rebuilds.
+#   hash of the patches' bodies: their headers are documentation) is reused; changing,
+#   adding or removing a patch rebuilds. Either way it prints the source and the patches.
 # - A .pth file makes `ndcctools.taskvine` importable from the python's environment.
 # - The Python bindings are generated with `swig -threads`: every TaskVine call, above all
 #   `Manager.wait`, releases the GIL, so the client's other threads (datavine's watchdog,
 #   the progress bar) run while the manager waits on a worker (see release_gil below).
+# - --stock: TaskVine as released, the same source with no patch and the bindings as
+#   upstream generates them (the GIL held), into build/cctools-stock by default and never
+#   linked into the python (no .pth: the stock lane puts it first on PYTHONPATH, with
+#   DATAVINE_CCTOOLS, see scripts/test.sh). What datavine loses on it: `datavine doctor`.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PREFIX="$ROOT/build/cctools"
+MAIN_PREFIX="$ROOT/build/cctools"
+PREFIX=""
 PYTHON="$ROOT/.venv/bin/python"
+STOCK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) PREFIX=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
+    --stock) STOCK=1; shift ;;
     *) echo "build_taskvine: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+if [ "$STOCK" = 1 ]; then
+  PREFIX=${PREFIX:-$ROOT/build/cctools-stock}
+else
+  PREFIX=${PREFIX:-$MAIN_PREFIX}
+fi
+mkdir -p "$(dirname "$PREFIX")"
+PREFIX=$(cd "$(dirname "$PREFIX")" && pwd)/$(basename "$PREFIX")
+if [ "$STOCK" = 1 ] && [ "$PREFIX" = "$MAIN_PREFIX" ]; then
+  echo "build_taskvine: --stock never builds into $MAIN_PREFIX (the patched build)" >&2; exit 2
+fi
 
 # version  suite  sha256 of cctools_<version>.orig.tar.xz (from Debian's Sources index)
 PINS=(
@@ -46,18 +65,51 @@ PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_inf
 PYBASE=$("$PYTHON" -c 'import sys; print(sys.base_prefix)')
 PURELIB=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 STAMP="$PREFIX/.datavine-build"
-BINDINGS="bindings=swig-threads"  # in the stamp: older builds held the GIL in every call
+WORK="$ROOT/build/work-$(basename "$PREFIX")"  # this prefix's source tree and logs
 PATCH_DIR="$ROOT/scripts/patches/cctools"
+if [ "$STOCK" = 1 ]; then
+  BINDINGS="bindings=swig"  # as upstream generates them: every call holds the GIL
+  PATCH_FILES=()
+else
+  BINDINGS="bindings=swig-threads"  # in the stamp: older builds held the GIL in every call
+  PATCH_FILES=("$PATCH_DIR"/*.patch)
+  [ -f "${PATCH_FILES[0]}" ] || die "no patch in $PATCH_DIR"
+fi
+# Stamps written before the hash left the patches' headers out: the series they stand for.
+LEGACY_SERIES=(
+  "patches=a66b4ece71540238e23ad12188be2e8d6e211a7daaeb0c943f312d51cd75e1a5 patch-bodies=8a3b722a4c9efedff612d27c8a40cfc9bedfa8406f02cbe49bac9921d95f001c"
+)
 
-patch_series() {  # "patches=<sha256 of the series>": names and contents, in the order applied
+patch_body() {  # a patch from its first diff line on: its header is documentation
+  awk 'body || /^(diff |--- |Index: )/ {body = 1; print}' "$1"
+}
+
+patch_series() {  # "patch-bodies=<sha256>": each patch's name and body, in the order applied
   local p
-  for p in "$PATCH_DIR"/*.patch; do
-    [ -f "$p" ] || continue
+  for p in "${PATCH_FILES[@]}"; do
     printf '%s\n' "$(basename "$p")"
-    cat "$p"
-  done | sha256sum | awk '{print "patches=" $1}'
+    patch_body "$p"
+  done | sha256sum | awk '{print "patch-bodies=" $1}'
 }
 PATCHES=$(patch_series)
+SERIES_NAMES=$(for p in "${PATCH_FILES[@]}"; do basename "$p" .patch | cut -d- -f1; done \
+  | paste -sd, -)
+SERIES="series=${SERIES_NAMES:-none}"
+
+stamp_matches() {  # the prefix holds this python's build of this series
+  [ -f "$STAMP" ] && [ -x "$PREFIX/bin/vine_worker" ] || return 1
+  grep -qx "python=$PYBASE" "$STAMP" && grep -qx "$BINDINGS" "$STAMP" || return 1
+  grep -qx "$PATCHES" "$STAMP" && return 0
+  local legacy
+  for legacy in "${LEGACY_SERIES[@]}"; do
+    [ "${legacy#* }" = "$PATCHES" ] && grep -qx "${legacy%% *}" "$STAMP" && return 0
+  done
+  return 1
+}
+
+say_used() {  # $1: built / reusing; the source and the patches this prefix holds
+  log "$1 $PREFIX: $(head -1 "$STAMP"); $BINDINGS; patches ${SERIES_NAMES:-none (stock)}"
+}
 
 link_python() {
   local site="$PREFIX/lib/python$PYVER/site-packages"
@@ -78,10 +130,9 @@ release_gil() {  # in the unpacked source: SWIG wraps every call in Py_BEGIN_ALL
   fi
 }
 
-if [ -f "$STAMP" ] && grep -q "python=$PYBASE" "$STAMP" && grep -qx "$BINDINGS" "$STAMP" \
-    && grep -qx "$PATCHES" "$STAMP" && [ -x "$PREFIX/bin/vine_worker" ]; then
-  log "reusing $PREFIX ($(head -1 "$STAMP"))"
-  link_python
+if stamp_matches; then
+  say_used "reusing"
+  [ "$STOCK" = 1 ] || link_python
   exit 0
 fi
 
@@ -141,27 +192,28 @@ sha=$(sha256sum "$tarball" | cut -d' ' -f1)
 
 # --- build -------------------------------------------------------------------------------
 command -v swig >/dev/null || die "swig is missing (apt-get install swig)"
-SRC="$ROOT/build/src"
+SRC="$WORK/src"
 rm -rf "$SRC" && mkdir -p "$SRC"
 tar -C "$SRC" -xf "$tarball"
 cd "$SRC/cctools-$version"
-for p in "$PATCH_DIR"/*.patch; do
-  [ -f "$p" ] || continue
+log "source: cctools $version ($tarball, sha256 $sha)"
+for p in "${PATCH_FILES[@]}"; do
   log "applying $(basename "$p")"
-  patch -p1 --silent < "$p" || die "patch $(basename "$p") does not apply to cctools $version"
+  patch -p1 --silent < "$p" || die "patch $(basename "$p") does not apply to cctools $version" \
+    "(scripts/patches/cctools/README.md: the versions the series applies to)"
 done
-release_gil
-log "configuring cctools $version for $PYBASE"
+[ "$STOCK" = 1 ] && log "stock: no patch, bindings as upstream generates them" || release_gil
+log "configuring cctools $version for $PYBASE (log: $WORK/configure.log)"
 ./configure --prefix "$PREFIX" --with-python3-path "$PYBASE" --with-perl-path no \
   --without-system-chirp --without-system-parrot --without-system-makeflow \
   --without-system-grow --without-system-ftp-lite --without-system-doc \
-  >"$ROOT/build/configure.log" 2>&1 || die "configure failed (see build/configure.log)"
-log "building (log: build/make.log)"
-make -j"$(nproc)" >"$ROOT/build/make.log" 2>&1 || die "make failed (see build/make.log)"
+  >"$WORK/configure.log" 2>&1 || die "configure failed (see $WORK/configure.log)"
+log "building (log: $WORK/make.log)"
+make -j"$(nproc)" >"$WORK/make.log" 2>&1 || die "make failed (see $WORK/make.log)"
 rm -rf "$PREFIX"
-make install >>"$ROOT/build/make.log" 2>&1 || die "make install failed (see build/make.log)"
-printf 'cctools %s sha256=%s\npython=%s\n%s\n%s\n' "$version" "$sha" "$PYBASE" "$BINDINGS" \
-  "$PATCHES" > "$STAMP"
+make install >>"$WORK/make.log" 2>&1 || die "make install failed (see $WORK/make.log)"
+printf 'cctools %s sha256=%s\npython=%s\n%s\n%s\n%s\n' "$version" "$sha" "$PYBASE" \
+  "$BINDINGS" "$PATCHES" "$SERIES" > "$STAMP"
 rm -rf "$SRC"
-link_python
-log "installed cctools $version into $PREFIX"
+[ "$STOCK" = 1 ] || link_python
+say_used "installed into"

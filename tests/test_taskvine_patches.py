@@ -42,7 +42,7 @@
   ``tests/test_auth_attacks.py``, ``tests/test_silent_clients.py`` and
   ``tests/test_tls_verify.py``.
 - Arguments and results of datavine's calls travel as TaskVine buffers
-  (:func:`datavine.manager.taskvine_port.in_memory_calls`): no staging file is made for them.
+  (:func:`datavine.manager.taskvine_internals.in_memory_calls`): no staging file is made for them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 
 They connect to the manager on loopback (or on the one address it listens on) and their
 transfer servers, which serve cached files to peers, listen on that same address only
-(``--transfer-address``, datavine's TaskVine build), not on every interface.
+(``--transfer-address``, datavine's TaskVine build), not on every interface. A
+``vine_worker`` without an option datavine would add (TaskVine as released: no
+``--transfer-address``, ``--ssl-ca``, ``--ssl-fingerprint``) is started without it
+(:func:`fit_options`; :mod:`datavine.deploy.vine_options` reads what it takes), and
+``datavine doctor`` names what that loses.
 
 Each worker leads a session of its own, and everything it forks stays in that session
 (:mod:`datavine.deploy.sessions`): its libraries, which it puts in process groups of their own, and
@@ -21,7 +25,6 @@ certificate fails the check does not connect.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import subprocess
@@ -35,6 +38,7 @@ from datavine.deploy.binaries import vine_binary
 from datavine.deploy.reaper import reaper
 from datavine.deploy.sessions import kill_session, stop_session
 from datavine.deploy.tls import ManagerTrust
+from datavine.deploy.vine_options import TRANSFER_ADDRESS, options_of, unsupported
 from datavine.io.source.xrootd import XRD_CLIENT_ENV
 from datavine.scheduler.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_of, worker_feature
 
@@ -72,16 +76,22 @@ def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
     return cmd
 
 
-@functools.cache
 def supports_transfer_address(binary: str) -> bool:
     """Whether this ``vine_worker`` has ``--transfer-address`` (datavine's TaskVine build;
     scripts/patches/cctools): another build would refuse the option and not start."""
-    try:
-        done = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=10,
-                              check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "--transfer-address" in done.stdout + done.stderr
+    return TRANSFER_ADDRESS in options_of(binary)
+
+
+def fit_options(transfer_address: str | None, trust: ManagerTrust | None,
+                takes: frozenset[str]) -> tuple[str | None, ManagerTrust | None]:
+    """The transfer address and the manager trust a ``vine_worker`` that takes the options
+    ``takes`` can be given (pure): each is dropped when the worker lacks its option (it would
+    exit on it). Local workers reach their own manager on this host: without the checks they
+    still connect with TLS, unverified (``datavine doctor`` says so)."""
+    transfer = transfer_address if TRANSFER_ADDRESS in takes else None
+    if trust is not None and unsupported(trust.worker_options(), takes):
+        trust = None
+    return transfer, trust
 
 
 def default_workers() -> int:
@@ -152,12 +162,10 @@ class LocalWorkers:
             log = open(self.run_dir / f"worker-{index}.log", "ab")  # noqa: SIM115
             features, labels_env = worker_labels(index, cfg)
             binary = str(vine_binary("vine_worker"))
-            transfer = (self.transfer_address
-                        if self.transfer_address and supports_transfer_address(binary)
-                        else None)
+            transfer, trust = fit_options(self.transfer_address, self.trust, options_of(binary))
             cmd = worker_command(cfg, self.port, workdir, password_file=self.password_file,
                                  ssl=self.ssl, host=self.host, labels=features,
-                                 transfer_address=transfer, binary=binary, trust=self.trust)
+                                 transfer_address=transfer, binary=binary, trust=trust)
             self.procs.append(subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=worker_environment({**cfg.extra_env, **labels_env}),

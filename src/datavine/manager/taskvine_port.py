@@ -14,32 +14,43 @@ the bindings' ``FunctionCall``: a task, its argument buffer, its features and fi
 output file. The library writes the call's result as the call's standard output
 (:data:`REPLY_FILE`), which the worker sends with its completion message (at most 1 KB
 inline, else at the manager's request), so that no result file is fetched and unlinked.
+
+The bindings' private internals (the manager's C pointer and task table, ``File``'s
+pointer, ``FunctionCall``'s fields, ...) are reached through one adapter,
+:class:`~datavine.manager.taskvine_internals.Internals`, with a named check per
+assumption. When its manager starts, the port probes what this TaskVine can do
+(:attr:`TaskVinePort.capabilities`, :mod:`datavine.manager.capabilities`): the patches'
+features, the GIL, the password exchange, ``vine_worker``'s options, the internals.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import pickle
 import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Protocol, cast
+from typing import cast
 
 import cloudpickle
 
 from datavine.config import ManagerConfig
-from datavine.errors import ManagerStartError, TaskvineMissingError
-from datavine.manager.bundle_calls import BundleCalls, Ended, Flags, VineC
+from datavine.deploy.binaries import cctools_prefix, vine_binary
+from datavine.deploy.vine_options import SSL_CA, SSL_FINGERPRINT, TRANSFER_ADDRESS, options_of
+from datavine.errors import DatavineError, ManagerStartError, TaskvineMissingError
+from datavine.manager.bundle_calls import BundleCalls, Ended, Flags
+from datavine.manager.capabilities import Capabilities, file_markers, listen_honoured, listening_on
 from datavine.manager.environment import PackedEnv, declare_environment_files, use_environment
-from datavine.manager.listen import contact_host, listen_address, listening_on
+from datavine.manager.listen import contact_host, listen_address
+from datavine.manager.listen import listening_on as listen_env
 from datavine.manager.port import Finished
+from datavine.manager.taskvine_internals import REPLY_FILE, Internals, broken
 from datavine.manager.taskvine_types import VineFile, VineManager, VineStats, VineTask
 from datavine.scheduler.labels import worker_feature
 from datavine.worker import payload, remote
@@ -51,8 +62,6 @@ from datavine.worker import payload, remote
 # (max-retrievals -1, every waiting result in one wait cycle, was tried for the workers
 # benchmark: within its run-to-run noise, so left at TaskVine's default.)
 MANAGER_TUNES = {"transient-error-interval": 2}
-# where a call's standard output is in its sandbox (vine_process.c): a bundle's result
-REPLY_FILE = ".taskvine.stdout"
 STATS_FOR_S = 0.01  # a look at TaskVine's statistics serves this long (one pool sample)
 
 
@@ -99,59 +108,14 @@ def check_port_free(port: int, address: str | None = None) -> None:
                 "--port), or 0 for any free one") from None
 
 
-@contextlib.contextmanager
-def files_from_manager(manager: VineManager) -> Iterator[None]:
-    """While TaskVine's ``create_library_from_functions`` declares the library's own files
-    (its code and pickled context, a few KB), declare them not shared between workers: the
-    manager sends them to each worker. Shared, a worker fetched them from a peer that had
-    them a millisecond earlier, and a worker that cannot reach that peer waited for TCP's
-    connect timeout (~130 s) with its library never started (RunConfig.library_from_peers)."""
-    declare = manager.declare_file
-
-    def unshared(path: str, cache: bool = False, peer_transfer: bool = True,
-                 unlink_when_done: bool = False) -> VineFile:
-        return declare(path, cache=cache, peer_transfer=False,
-                       unlink_when_done=unlink_when_done)
-
-    manager.declare_file = unshared
+@functools.cache
+def _library_code() -> ModuleType | None:
+    """poncho's library code, which the manager ships to workers (None when absent)."""
     try:
-        yield
-    finally:
-        del manager.declare_file  # the class's method again
-
-
-def in_memory_calls(vine: ModuleType) -> type:
-    """TaskVine's ``FunctionCall`` with its arguments and its result kept in the manager's
-    memory (TaskVine buffers) instead of two files in the staging folder.
-
-    The bindings write each call's arguments to a file (created, checksummed by reading it
-    back, sent, unlinked) and have its result written to another (created in the wait loop,
-    opened again to be read): on this host a file created costs the manager ~0.3-0.6 ms, the
-    largest part of its own cost per bundle (benchmarks/README.md, manager profile). A
-    buffer travels the same way on the wire (a ``put`` of the bytes; the result by
-    ``getfile``) and the library reads and writes the same ``infile`` and ``outfile``."""
-
-    class InMemoryCall(vine.FunctionCall):  # type: ignore[name-defined]
-        _event: dict[str, object] | None  # the call's arguments, until submitted
-
-        def submit_finalize(self) -> None:
-            manager = self.manager
-            library = self.get_library_required()
-            if not manager.check_library_exists(library):
-                raise ValueError(f"invalid library name '{library}'")
-            # plain data (the bundle is bytes already): pickle's C pickler, not cloudpickle's
-            event = pickle.dumps(self._event, protocol=pickle.HIGHEST_PROTOCOL)
-            self._input_file = manager.declare_buffer(event, cache=False, peer_transfer=True)
-            self._output_file = manager.declare_buffer(None, cache=False,
-                                                       peer_transfer=False)
-            self._event = None
-            self.add_input(self._input_file, "infile")
-            self.add_output(self._output_file, "outfile")
-
-    return InMemoryCall
-
-
-QUEUE_MARK = "was cancelled before it started"  # in the library code of patch 0015
+        from ndcctools.poncho import library_network_code
+    except ImportError:
+        return None
+    return library_network_code
 
 
 @functools.cache
@@ -161,12 +125,7 @@ def library_queues_calls() -> bool:
     them at its start ("function slots cannot be more than library cores") and would die
     on every worker, so without the patch the library gets one slot. Read from the library
     code the manager ships (``ndcctools.poncho.library_network_code``)."""
-    try:
-        from ndcctools.poncho import library_network_code
-
-        return QUEUE_MARK in inspect.getsource(library_network_code)
-    except (ImportError, OSError, TypeError):
-        return False
+    return Internals(import_taskvine(), _library_code()).library_queues_calls()
 
 
 def import_taskvine() -> ModuleType:
@@ -177,47 +136,51 @@ def import_taskvine() -> ModuleType:
     return vine
 
 
-QUIET_DEBUG_FLAGS = (b"notice", b"error", b"fatal")  # kept when the debug log is off
+# strings that patches of the series add to the bindings' library (none of them is in
+# TaskVine as released): their presence is what the probes read
+MARKERS = {
+    "listen-address": b"\0VINE_LISTEN_ADDRESS\0",
+    "gil-released": b"PyEval_SaveThread",  # swig -threads: every call releases the GIL
+    "password-hmac": b"auth password hmac-sha256 v2\0",
+    "handshakes-off-loop": b"handshakes off the wait loop",
+    "manager-savings": b"epoll is not available",  # patch 0010, applied with 0003-0009
+}
 
 
-def quiet_debug_log() -> None:
-    """Keep only TaskVine's notices and errors in its debug log (``vine-logs/debug``).
-
-    Creating a manager turns cctools' debug log on with every flag: a line for every
-    message to and from every worker, formatted and written in the manager's loop. The
-    Python bindings do not wrap cctools' debug flags, but their own library exports them
-    (``cctools_debug_flags_clear``/``_set``, process-wide, the flags the manager set), so
-    they are called there. A build without the symbols keeps its full log."""
-    import ctypes
-
-    from ndcctools.taskvine import _cvine
-
+def probe_capabilities(internals: Internals, asked: str | None, port: int) -> Capabilities:
+    """What this TaskVine can do for datavine (:mod:`datavine.manager.capabilities`), read
+    from its library, its programs' options and the manager just started (``asked``: the
+    address it was asked to listen on; ``port``: where it listens). Worker features stay
+    unknown until a worker is seen (:meth:`Capabilities.saw_workers`)."""
+    found = file_markers(internals.library_file, MARKERS.values())
+    record: dict[str, bool | None] = {key: MARKERS[key] in found for key in MARKERS}
+    record["worker-features"] = None
+    record["library-queue"] = internals.library_queues_calls()
+    honoured = listen_honoured(asked, listening_on(port))
+    if honoured is not None:
+        record["listen-address"] = honoured
     try:
-        lib = ctypes.CDLL(_cvine.__file__)
-        clear, set_flag = lib.cctools_debug_flags_clear, lib.cctools_debug_flags_set
-    except (OSError, AttributeError):
-        return
-    clear()
-    for flag in QUIET_DEBUG_FLAGS:
-        set_flag(flag)
+        worker: Path | None = vine_binary("vine_worker")
+    except DatavineError:
+        worker = None
+    takes = options_of(str(worker)) if worker is not None else frozenset()
+    record["worker-transfer-address"] = TRANSFER_ADDRESS in takes
+    record["worker-checks-manager"] = {SSL_CA, SSL_FINGERPRINT} <= takes
+    return Capabilities(record, broken(internals, worker), taskvine_source())
 
 
-class _VineObject(Protocol):
-    """A file of the bindings' (``ndcctools.taskvine.File``): its C pointer."""
-
-    @property
-    def _file(self) -> object: ...
-
-
-class _ManagerInside(Protocol):
-    """What the port reads inside the bindings' ``Manager``: its C pointer, and its table
-    of the tasks submitted through the bindings (``Manager.wait`` takes them out of it)."""
-
-    @property
-    def _taskvine(self) -> object: ...
-
-    @property
-    def _task_table(self) -> dict[int, object]: ...
+def taskvine_source() -> str:
+    """Where this TaskVine is: its prefix, and what datavine's build stamp says of it."""
+    prefix = cctools_prefix()
+    if prefix is None:
+        return "TaskVine (no cctools prefix found)"
+    try:
+        stamp = (prefix / ".datavine-build").read_text().splitlines()
+    except OSError:
+        return f"{prefix} (not built by scripts/build_taskvine.sh)"
+    facts = [stamp[0]] if stamp else []
+    facts += [line for line in stamp if line.startswith(("bindings=", "series="))]
+    return f"{prefix} ({'; '.join(facts)})"
 
 
 def finished(ended: Ended) -> Finished:
@@ -270,7 +233,7 @@ class TaskVinePort:
         self.listen_address = listen_address(manager_config)
         check_port_free(port, self.listen_address)
         try:
-            with listening_on(self.listen_address):
+            with listen_env(self.listen_address):
                 self._manager: VineManager | None = self.vine.Manager(
                     port=port,
                     ssl=manager_config.ssl,
@@ -282,8 +245,11 @@ class TaskVinePort:
             where = self.listen_address or "every interface"
             raise ManagerStartError(f"cannot start the TaskVine manager on port {port} "
                                     f"({where}): {exc}") from None
+        self.internals = Internals(self.vine, _library_code())
         if not manager_config.debug_log:
-            quiet_debug_log()
+            self.internals.quiet_debug_log()
+        # what this TaskVine can do for datavine, probed once (datavine doctor prints it)
+        self.capabilities = probe_capabilities(self.internals, self.listen_address, self.port)
         if manager_config.password_file:
             self.manager.set_password_file(str(manager_config.password_file))
         self.manager.tune("watch-library-logfiles", 1)
@@ -291,13 +257,13 @@ class TaskVinePort:
                             **silence_tunes(manager_config.worker_timeout_s)}.items():
             self.manager.tune(name, value)
         cvine = self.vine.cvine
-        # the C functions themselves (the module cvine wraps each in a Python function)
-        self._c = cast(VineC, getattr(cvine, "_cvine", cvine))
+        self._c = self.internals.c  # the C functions themselves
+        self._pointer = self.internals.manager_pointer(self.manager)
         self._vine_calls = BundleCalls(
-            self._c, self._inside._taskvine,
+            self._c, self._pointer,
             Flags(cvine.VINE_CACHE_LEVEL_TASK, cvine.VINE_TRANSFER_ALWAYS,
                   cvine.VINE_RESULT_SUCCESS), "run_bundle")
-        self._call_class = in_memory_calls(self.vine)  # the warm-up calls'
+        self._call_class = self.internals.call_class()  # the warm-up calls'
         self.library: str | None = None  # the installed library's name: bundles call it
         self._stats_seen: tuple[float, VineStats] | None = None  # (when, TaskVine's stats)
         self._replies_in = 0  # bytes of the calls' replies taken (see file_bytes)
@@ -308,10 +274,6 @@ class TaskVinePort:
         if self._manager is None:
             raise RuntimeError(f"the TaskVine manager of {self.info_dir} is closed")
         return self._manager
-
-    @property
-    def _inside(self) -> _ManagerInside:
-        return cast(_ManagerInside, self.manager)
 
     @property
     def port(self) -> int:
@@ -326,8 +288,8 @@ class TaskVinePort:
         """Shut the manager down now (not whenever the garbage collector gets to it)."""
         manager, self._manager = self._manager, None
         self._vine_calls.forget()  # the manager frees what it still holds
-        if manager is not None:
-            manager._free()  # the only way to delete a TaskVine manager deterministically
+        if manager is not None:  # the only way to delete a TaskVine manager deterministically
+            self.internals.free_manager(manager)
 
     # --- the pool --------------------------------------------------------------------------
     def _stats(self) -> VineStats:
@@ -356,8 +318,12 @@ class TaskVinePort:
     def worker_list(self) -> object:
         """TaskVine's list of connected workers (~10 ms at 256 workers). Each entry has the
         worker's ``hostname``, ``addrport`` and resources, and, with datavine's TaskVine
-        build, its ``features`` (its name and rack)."""
-        return self.manager.status("workers")
+        build, its ``features`` (its name and rack), which the capability record learns
+        from."""
+        workers = self.manager.status("workers")
+        if self.capabilities.found.get("worker-features") is None and workers:
+            self.capabilities.saw_workers(workers)
+        return workers
 
     # --- what a run drives: bundles in, results out ------------------------------------------
     def submit_bundle(self, payload: bytes, cap_mb: float | None, preload: tuple[str, ...],
@@ -374,14 +340,14 @@ class TaskVinePort:
         event = {"fn_args": (payload, cap_mb, preload, limit_s, REPLY_FILE), "fn_kwargs": {}}
         return self._vine_calls.submit(
             self.library, pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL), features,
-            {name: cast(_VineObject, file)._file for name, file in (fetch or {}).items()},
-            {name: cast(_VineObject, file)._file for name, file in (store or {}).items()})
+            {name: self.internals.file_pointer(file) for name, file in (fetch or {}).items()},
+            {name: self.internals.file_pointer(file) for name, file in (store or {}).items()})
 
     def wait(self, timeout_s: int) -> Finished | None:
         """The next bundle call that finished within ``timeout_s``, or None. Calls of an
         earlier run (cancelled, abandoned) that come back are dropped here, and so are the
         manager's own tasks (warm-up calls) that end meanwhile."""
-        task = self._c.vine_wait_for_tag(self._inside._taskvine, None, timeout_s)
+        task = self._c.vine_wait_for_tag(self._pointer, None, timeout_s)
         if task is None:
             return None
         ended = self._take(task)
@@ -466,10 +432,10 @@ class TaskVinePort:
         variables ``env``, inside ``environment`` (an unpacked tree from
         :meth:`declare_environment`) when given; ``hook`` sees the LibraryTask last.
         ``from_peers``: whether workers may fetch the library's own files from each other
-        (:func:`files_from_manager`)."""
+        (:meth:`Internals.unshared_library_files`)."""
         with contextlib.ExitStack() as files:
             if not from_peers:
-                files.enter_context(files_from_manager(self.manager))
+                files.enter_context(self.internals.unshared_library_files(self.manager))
             lib = self.manager.create_library_from_functions(
                 name, remote.run_bundle, add_env=False, exec_mode="direct",
                 library_context_info=[remote.library_started, [], {}])
@@ -528,7 +494,7 @@ class TaskVinePort:
     def wait_task(self, timeout_s: int, mine: Collection[int] = ()) -> TaskDone | None:
         """The next task that finished within ``timeout_s`` (any task: it also accepts
         connecting workers), or None; the output is loaded for the ids in ``mine`` only."""
-        pointer = self._c.vine_wait_for_tag(self._inside._taskvine, None, timeout_s)
+        pointer = self._c.vine_wait_for_tag(self._pointer, None, timeout_s)
         if pointer is None:
             return None
         ended = self._take(pointer)
@@ -547,8 +513,7 @@ class TaskVinePort:
         """The bindings' object of a task ``vine_wait`` returned (a warm-up call, the
         environment's staging task), taken out of their table as ``Manager.wait`` does; it
         frees the task when it is dropped."""
-        task_id = self._c.vine_task_get_id(pointer)
-        return cast("VineTask | None", self._inside._task_table.pop(task_id, None))
+        return self.internals.take_task(self.manager, self._c.vine_task_get_id(pointer))
 
     def cancel_task(self, task_id: int) -> None:
         """Cancel a task of the manager's own (a warm-up call); errors are ignored."""

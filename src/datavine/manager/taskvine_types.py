@@ -93,7 +93,7 @@ class VineTask(Protocol):
 class VineManager(Protocol):
     """A TaskVine manager (``ndcctools.taskvine.Manager``): what datavine calls on it."""
 
-    # an attribute rather than a method: files_from_manager replaces it for a while
+    # an attribute rather than a method: Internals.unshared_library_files replaces it for a while
     declare_file: Callable[..., VineFile]  # (path, cache=, peer_transfer=, unlink_when_done=)
 
     @property

@@ -20,6 +20,11 @@ Workers that check the manager's certificate (``ssl_ca``, ``ssl_fingerprint``,
 ``--extra-options``; the CA file travels with every job as a wrapper input (vine_factory
 copies it into its scratch folder and ships it, as it does the password file), named in
 the job's folder (:mod:`~datavine.deploy.pools.ca_file`; the worker makes it absolute).
+
+A pool never passes an option its programs do not take (:func:`fit_to_programs`, with what
+their ``--help`` lists, :mod:`datavine.deploy.vine_options`): on TaskVine as released the
+transfer address is left out (the workers' transfer servers listen on every interface), and
+a certificate check the pool asks for is an error naming the option, never dropped.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from datavine.config import ConfigError, check_counts
 from datavine.deploy.tls import check_fingerprint, trust_options
+from datavine.deploy.vine_options import PATCHED_OPTIONS, TRANSFER_ADDRESS, unsupported
 from datavine.scheduler.labels import rack_feature
 
 Batch = Literal["condor", "local"]
@@ -187,6 +193,32 @@ def is_host_port(text: str) -> bool:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return bool(host) and _SAFE_WORD.match(host) is not None
+
+
+def fit_to_programs(cfg: FactoryConfig, worker_takes: frozenset[str],
+                    factory_takes: frozenset[str]) -> tuple[FactoryConfig, list[str]]:
+    """``cfg`` as the pool's ``vine_worker`` and ``vine_factory`` (which take the options
+    ``worker_takes`` and ``factory_takes``) can run it, and what was left out, one line each
+    (pure). The transfer address is left out when the workers lack its option; a check of
+    the manager's certificate the workers or the factory cannot make raises ConfigError."""
+    dropped = []
+    if cfg.transfer_address is not None and TRANSFER_ADDRESS not in worker_takes:
+        dropped.append(f"vine_worker takes no {TRANSFER_ADDRESS} (TaskVine patch "
+                       f"{PATCHED_OPTIONS[TRANSFER_ADDRESS]}): the workers' transfer servers "
+                       "listen on every interface")
+        cfg = replace(cfg, transfer_address=None)
+    trust = trust_options(str(cfg.ssl_ca) if cfg.ssl_ca is not None else None,
+                          cfg.ssl_fingerprint)
+    for program, takes in (("vine_worker", worker_takes), ("vine_factory", factory_takes)):
+        missing = unsupported(trust, takes)
+        if missing:
+            patches = sorted({PATCHED_OPTIONS.get(m, "?") for m in missing})
+            raise ConfigError(
+                f"the pool's workers must check the manager's certificate (ssl_ca, "
+                f"ssl_fingerprint), but this TaskVine's {program} takes no "
+                f"{', '.join(missing)} (TaskVine patch {', '.join(patches)}: build it with "
+                "scripts/build_taskvine.sh, see datavine doctor), or leave the checks out")
+    return cfg, dropped
 
 
 def factory_json(cfg: FactoryConfig) -> dict[str, int]:

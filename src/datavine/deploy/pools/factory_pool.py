@@ -40,6 +40,7 @@ from datavine.deploy.pools.factory import (
     config_to_dict,
     factory_command,
     factory_config_text,
+    fit_to_programs,
 )
 from datavine.deploy.pools.identity import ENV_POOL, write_wrapper
 from datavine.deploy.pools.manager_status import ManagerQueryError, connected_workers
@@ -52,6 +53,7 @@ from datavine.deploy.pools.state import (
     write_state,
 )
 from datavine.deploy.tls import ManagerTrust, check_ca_file
+from datavine.deploy.vine_options import options_of
 from datavine.errors import ConfigError
 from datavine.safe_paths import check_private_file
 from datavine.scheduler.labels import ENV_RACK
@@ -197,12 +199,18 @@ class FactoryPool(WorkerPool):
             self.pid = old.pid  # a factory that died: clear what it left behind
             self._remove_jobs(STOP_TIMEOUT_S, factory_seen=False)
         scratch = self.scratch_dir
-        run_cfg = stage_ca(self._prepare(scratch), scratch)
+        factory = str(vine_binary("vine_factory"))
+        run_cfg, dropped = fit_to_programs(self._prepare(scratch),
+                                           options_of(str(vine_binary("vine_worker"))),
+                                           options_of(factory))
+        for line in dropped:  # datavine doctor says it too
+            print(f"datavine: pool {self.name!r}: {line}", file=sys.stderr, flush=True)
+        run_cfg = stage_ca(run_cfg, scratch)
         config_file = scratch / "factory.json"
         config_file.write_text(factory_config_text(run_cfg))
         # vine_factory copies wrapper inputs into its scratch folder: keep the source apart
         wrapper = write_wrapper(scratch / "identity") if run_cfg.named else None
-        cmd = factory_command(run_cfg, binary=str(vine_binary("vine_factory")),
+        cmd = factory_command(run_cfg, binary=factory,
                               config_file=config_file, debug_file=scratch / "factory.debug",
                               parent_death=not detach, wrapper=wrapper)
         env = worker_environment()
