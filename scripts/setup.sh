@@ -8,19 +8,22 @@
 #   - with --xcache, the XRootD server packages for the loopback XCache testbed;
 #   - with --condor, the personal HTCondor pool (a trixie chroot, ~2 min);
 #   - with --browser, Debian's chromium for the browser tests (Playwright drives it; no
-#     browser is ever downloaded by Playwright).
+#     browser is ever downloaded by Playwright);
+#   - with --promtool, promtool unpacked from Debian's prometheus package into build/promtool
+#     (tests/test_metrics.py checks the /metrics text with it; nothing installed, no service).
 # Idempotent: every step reuses what is already there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-LEGACY=0 XCACHE=0 CONDOR=0 BROWSER=0
+LEGACY=0 XCACHE=0 CONDOR=0 BROWSER=0 PROMTOOL=0
 for a in "$@"; do
   case "$a" in
     --legacy) LEGACY=1 ;;
     --xcache) XCACHE=1 ;;
     --condor) CONDOR=1 ;;
     --browser) BROWSER=1 ;;
-    --all) LEGACY=1 XCACHE=1 CONDOR=1 BROWSER=1 ;;
+    --promtool) PROMTOOL=1 ;;
+    --all) LEGACY=1 XCACHE=1 CONDOR=1 BROWSER=1 PROMTOOL=1 ;;
     *) echo "setup: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -68,5 +71,14 @@ if [ "$BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends chromium >/dev/null
+fi
+if [ "$PROMTOOL" = 1 ] && [ ! -x build/promtool/usr/bin/promtool ]; then
+  log "unpacking promtool from Debian's prometheus package into build/promtool"
+  apt-get update -q >/dev/null
+  pkg_dir=$(mktemp -d)
+  (cd "$pkg_dir" && apt-get download -q prometheus >/dev/null 2>&1) \
+    && dpkg-deb -x "$pkg_dir"/prometheus_*.deb build/promtool \
+    || log "no promtool (Debian's prometheus package did not download): test_metrics skips its check"
+  rm -rf "$pkg_dir"
 fi
 log "done: activate with 'source .venv/bin/activate'"

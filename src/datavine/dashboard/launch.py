@@ -167,6 +167,13 @@ class Dashboard:
             return None
         return display_url(self.config.address, self.port, None)
 
+    @property
+    def metrics_url(self) -> str | None:
+        """Where its server serves the run's Prometheus metrics (a scrape sends the token
+        as ``Authorization: Bearer <token>``; :mod:`datavine.dashboard.metrics`)."""
+        address = self.address
+        return f"{address}metrics" if address else None
+
     def describe(self) -> str:
         """One line for a command's output: the address, and the token rule."""
         if self.url is None:
@@ -235,9 +242,16 @@ def option_from_args(args: argparse.Namespace) -> bool | DashboardConfig | None:
 
 
 def announce(cluster: object) -> str:
-    """The command's line about the live view of ``cluster``."""
+    """The command's line about the live view of ``cluster`` (and its manager's metrics
+    listener, when it has one: :mod:`datavine.dashboard.metrics_listener`)."""
     dashboard = getattr(cluster, "dashboard", None)
     if dashboard is not None:
-        return f"dashboard: {dashboard.describe()}"
-    why = getattr(cluster, "dashboard_error", None)
-    return f"dashboard: off ({why})" if why else "dashboard: off"
+        line = f"dashboard: {dashboard.describe()}"
+    else:
+        why = getattr(cluster, "dashboard_error", None)
+        line = f"dashboard: off ({why})" if why else "dashboard: off"
+    metrics = getattr(cluster, "metrics", None)
+    if metrics is not None:
+        return f"{line}; metrics: {metrics.describe()}"
+    why = getattr(cluster, "metrics_error", None)
+    return f"{line}; metrics: off ({why})" if why else line

@@ -10,11 +10,17 @@ the browser a re-render, measured in benchmarks/README.md). While a page is open
 and CPU of the local workers, the manager and this host are read here
 (:mod:`datavine.dashboard.procs`).
 
+It also serves the run's Prometheus metrics at ``/metrics``
+(:mod:`datavine.dashboard.metrics`: the same board, brought up to the events file at each
+scrape, and the manager process's CPU time read here).
+
 It listens on ``--address`` (127.0.0.1 by default). With an access token (the environment
 variable :data:`TOKEN_ENV`, never the command line, which other users can read) every path
-is under ``/<token>/``: a request without it finds nothing. Nothing on the page acts on the
-run. Once listening it writes ``{"port": ..., "pid": ...}`` to ``--ready``; it exits when
-its parent (``--parent``) is gone, or on SIGTERM.
+of the page is under ``/<token>/``: a request without it finds nothing; ``/metrics`` answers
+only a request with ``Authorization: Bearer <token>`` (what a Prometheus scrape sends), else
+401. Nothing on the page acts on the run. Once listening it writes
+``{"port": ..., "pid": ...}`` to ``--ready``; it exits when its parent (``--parent``) is
+gone, or on SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +40,10 @@ from datavine.dashboard.events import Tail
 from datavine.dashboard.model import Board
 
 if TYPE_CHECKING:
+    import psutil
     from bokeh.document import Document
+    from bokeh.server.server import BaseServer
+    from tornado.web import RequestHandler
 
     from datavine.dashboard.procs import Usage
 
@@ -43,14 +51,6 @@ TOKEN_ENV = "DATAVINE_DASHBOARD_TOKEN"
 POLL_MS = 500
 REFRESH_S = 2.0  # how often a page is brought up to date (each update costs its browser)
 PARENT_MS = 2000
-
-
-def free_port(address: str) -> int:
-    """A port free on ``address`` now (the server binds it at once)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
 
 
 def origins(address: str, port: int, token: str | None) -> list[str]:
@@ -69,6 +69,7 @@ class Feed:
         self.tail = Tail(events)
         self.board = Board()
         self.usage: Usage | None = None  # made at the first page
+        self._manager: psutil.Process | None = None
 
     def refresh(self) -> None:
         for record in self.tail.read():
@@ -83,6 +84,54 @@ class Feed:
         record = self.usage.record(self.board.pids, self.board.manager_pid)
         if record is not None:
             self.board.apply(record)
+
+    def manager_cpu_s(self) -> float | None:
+        """The manager process's CPU seconds (user + system), None when it cannot be read
+        (gone, or not on this host)."""
+        import psutil
+
+        pid = self.board.manager_pid
+        if pid is None:
+            return None
+        try:
+            if self._manager is None or self._manager.pid != pid:
+                self._manager = psutil.Process(pid)
+            times = self._manager.cpu_times()
+        except psutil.Error:
+            return None
+        return float(times.user + times.system)
+
+    def metrics(self, accept: str | None) -> tuple[bytes, str]:
+        """The metrics as of now (the events file read up to its end)."""
+        from datavine.dashboard.metrics import exposition
+
+        self.refresh()
+        return exposition(self.board, self.manager_cpu_s(), accept)
+
+
+def metrics_handler() -> type[RequestHandler]:
+    """The tornado handler of ``/metrics``: ``initialize(feed=..., token=...)``."""
+    from tornado.web import RequestHandler
+
+    from datavine.dashboard.metrics import UNAUTHORIZED, authorized
+
+    class MetricsHandler(RequestHandler):
+        def initialize(self, feed: Feed, token: str | None) -> None:
+            self.feed, self.token = feed, token
+
+        def get(self) -> None:
+            if not authorized(self.token, self.request.headers.get("Authorization")):
+                self.set_status(401)
+                self.set_header("WWW-Authenticate", 'Bearer realm="datavine"')
+                self.set_header("Content-Type", "text/plain; charset=utf-8")
+                self.finish(UNAUTHORIZED)
+                return
+            body, content_type = self.feed.metrics(self.request.headers.get("Accept"))
+            self.set_header("Content-Type", content_type)
+            self.set_header("Cache-Control", "no-store")
+            self.finish(body)
+
+    return MetricsHandler
 
 
 def application(feed: Feed, title: str,
@@ -107,17 +156,45 @@ def application(feed: Feed, title: str,
     return make_document
 
 
+def bokeh_server(feed: Feed, address: str, port: int, *, token: str | None, title: str,
+                 refresh_s: float) -> BaseServer:
+    """The page's Bokeh server (under ``/<token>/`` with a token) with ``/metrics`` beside
+    it at the root, bound to ``address:port`` (0: any free port), not started yet. Built
+    from Bokeh's parts (``BaseServer``) rather than ``Server``: only the application can add
+    a handler outside the page's prefix."""
+    from bokeh.application import Application
+    from bokeh.application.handlers.function import FunctionHandler
+    from bokeh.server.server import BaseServer
+    from bokeh.server.tornado import BokehTornado
+    from bokeh.server.util import bind_sockets, create_hosts_allowlist
+    from tornado.httpserver import HTTPServer
+    from tornado.ioloop import IOLoop
+
+    from datavine.dashboard.metrics import PATH
+
+    sockets, port = bind_sockets(address, port)
+    try:
+        app = BokehTornado(
+            {"/": Application(FunctionHandler(application(feed, title, refresh_s)))},
+            prefix=token or "",
+            extra_websocket_origins=create_hosts_allowlist(origins(address, port, token), port))
+        app.add_handlers(r".*", [(PATH, metrics_handler(), {"feed": feed, "token": token})])
+        http = HTTPServer(app)
+        http.add_sockets(sockets)
+    except Exception:
+        for sock in sockets:
+            sock.close()
+        raise
+    return BaseServer(IOLoop.current(), app, http)
+
+
 def serve(events: Path, address: str, port: int, ready: Path, *, token: str | None,
           parent: int | None, title: str, refresh_s: float = REFRESH_S) -> None:
-    from bokeh.server.server import Server
     from tornado.ioloop import IOLoop, PeriodicCallback
 
     feed = Feed(events)
-    port = port or free_port(address)
     loop = IOLoop.current()
-    server = Server({"/": application(feed, title, refresh_s)}, io_loop=loop, address=address,
-                    port=port, prefix=token or "",
-                    allow_websocket_origin=origins(address, port, token))
+    server = bokeh_server(feed, address, port, token=token, title=title, refresh_s=refresh_s)
     server.start()
     PeriodicCallback(feed.refresh, POLL_MS).start()
     if parent:
