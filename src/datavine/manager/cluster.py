@@ -21,7 +21,10 @@ when it closes.
 Each cluster serves a live view of its runs (:mod:`datavine.dashboard`) at
 ``cluster.dashboard_url`` (127.0.0.1 unless ``dashboard=DashboardConfig(address=...)``,
 which then takes an access token); ``dashboard=False`` (or ``DATAVINE_DASHBOARD=0``) starts
-none. ``cluster.save_report(path)`` saves the last run's view as one HTML file.
+none. ``cluster.save_report(path)`` saves the last run's view as one HTML file. The view's
+server also serves Prometheus metrics at ``/metrics``; ``metrics=True`` (or
+``metrics=MetricsConfig(port=...)``, or ``DATAVINE_METRICS=[ADDRESS:]PORT``) serves them from
+the manager's process too, with or without the view (:mod:`datavine.dashboard.metrics_listener`).
 
 ``with cluster.subscribe_results(hook):`` has ``hook(keys, values)`` called after each
 delivery of the runs within the block (the coffea executor's progress and partial merge).
@@ -35,7 +38,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
@@ -43,6 +46,12 @@ from typing import Any, Self, cast
 from datavine.config import LocalWorkersConfig, ManagerConfig, RunChanges, RunConfig
 from datavine.dashboard.events import NO_SINK
 from datavine.dashboard.launch import Dashboard, DashboardConfig, dashboard_config
+from datavine.dashboard.metrics_listener import (
+    MetricsConfig,
+    MetricsListener,
+    metrics_config,
+    metrics_missing,
+)
 from datavine.deploy.local_workers import LocalWorkers, local_worker_id
 from datavine.deploy.reaper import reaper
 from datavine.deploy.signals import terminate_gracefully
@@ -79,7 +88,8 @@ class Cluster:
     def __init__(self, manager: ManagerConfig | None = None, run: RunConfig | None = None,
                  *, min_workers: int = 0, connect_timeout_s: float = 60.0,
                  environment: PackedEnv | None = None,
-                 dashboard: bool | DashboardConfig | None = None) -> None:
+                 dashboard: bool | DashboardConfig | None = None,
+                 metrics: bool | MetricsConfig | None = None) -> None:
         self._own_run_dir: Path | None = None
         if manager is None:
             self._own_run_dir = Path(tempfile.mkdtemp(prefix="datavine-"))
@@ -99,6 +109,9 @@ class Cluster:
         self.dashboard_config = dashboard_config(dashboard)
         self.dashboard: Dashboard | None = None
         self.dashboard_error: str | None = None  # why there is no view, when asked for one
+        self.metrics_config = metrics_config(metrics)
+        self.metrics: MetricsListener | None = None
+        self.metrics_error: str | None = None  # why there is no listener, when asked for one
         self._open = contextlib.ExitStack()  # signal handlers while the cluster is open
 
     @property
@@ -131,6 +144,7 @@ class Cluster:
         self._publish_processes()
         self._wait_ready()
         self._dashboard_ready()
+        self._start_metrics()
         return self
 
     # --- the live view (datavine.dashboard) ----------------------------------------------------
@@ -173,6 +187,48 @@ class Cluster:
         with contextlib.suppress(Exception):  # a look at the pool must not stop the start
             self.dashboard.sink.pool_now(self._rt.topology.workers.values(),
                                          self._rt.library_states(time.monotonic()))
+
+    def _start_metrics(self) -> None:
+        """The manager's own /metrics listener, when asked for: it folds the view's events,
+        or has the runs write events for it alone; like the view, one that cannot start
+        leaves the run going without it (``metrics_error`` says why)."""
+        if self.metrics_config is None:
+            return
+        why = metrics_missing()
+        if why is None:
+            shared = self.dashboard.events_path if self.dashboard is not None else None
+            listener = MetricsListener(self.metrics_config,
+                                       Path(self.manager_config.run_dir) / "metrics", shared)
+            try:
+                listener.start()
+            except OSError as exc:
+                listener.close()
+                why = str(exc)
+            else:
+                self.metrics = listener
+        if self.metrics is None:
+            self.metrics_error = why
+            log.warning("datavine: no metrics listener: %s", why)
+            return
+        listener = self.metrics
+        if listener.sink is not None:
+            self._rt.event_sink = listener.sink
+            with contextlib.suppress(Exception):  # a look at the pool must not stop the start
+                listener.sink.pool_now(self._rt.topology.workers.values(),
+                                       self._rt.library_states(time.monotonic()))
+
+    def expect_events(self, weights: Mapping[Hashable, int]) -> None:
+        """Physics events per task key of the next run, for events/s in the live view and
+        the metrics (whichever of them the runs write for)."""
+        self._rt.event_sink.expect_events(weights)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the run's Prometheus metrics are served: the manager's listener, else the
+        live view's server (both take the view's or listener's token as a bearer token)."""
+        if self.metrics is not None:
+            return self.metrics.url
+        return self.dashboard.metrics_url if self.dashboard is not None else None
 
     @property
     def dashboard_url(self) -> str | None:
@@ -236,6 +292,9 @@ class Cluster:
         return Lifecycle.from_dict(summary.lifecycle).story(what)
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self.dashboard is not None:
             self.dashboard.close()
             self.dashboard = None
@@ -269,6 +328,7 @@ class LocalCluster(Cluster):
                  run: RunConfig | None = None, connect_timeout_s: float = 60.0,
                  environment: PackedEnv | None = None, warm_up: bool = True,
                  dashboard: bool | DashboardConfig | None = None,
+                 metrics: bool | MetricsConfig | None = None,
                  **run_options: object) -> None:
         # checked first (ConfigError naming the setting), before a run folder is made
         self.workers_config = LocalWorkersConfig(workers=workers, cores=cores,
@@ -278,7 +338,7 @@ class LocalCluster(Cluster):
         changes = cast(RunChanges, run_options)
         run = (run or RunConfig()).replace(**changes) if changes else run
         super().__init__(manager, run, min_workers=workers, connect_timeout_s=connect_timeout_s,
-                         environment=environment, dashboard=dashboard)
+                         environment=environment, dashboard=dashboard, metrics=metrics)
         self.warm_up = warm_up
         self.warm_libraries: set[tuple[str, int]] = set()  # (worker id, library PID)
         self.workers: LocalWorkers | None = None
