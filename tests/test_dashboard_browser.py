@@ -52,13 +52,15 @@ def write_root(path: Path, n: int) -> Path:
 
 
 def read_file(path: str, i: int) -> float:
-    """Stage one: read a file (a bundle seed of its own, placed and counted by file)."""
+    """Stage one: read a file (a bundle seed of its own, placed and counted by file),
+    through the worker's column cache (the header shows its figures)."""
     import time
 
-    from datavine import open_input
+    import numpy as np
 
-    with open_input(path) as f:
-        total = float(f["Events"]["x"].array(library="np").sum())
+    from datavine.io.cached_arrays import read_arrays
+
+    total = float(np.sum(read_arrays(path, ["x"]).arrays["x"]))
     time.sleep(0.3)
     return total + i
 
@@ -140,4 +142,8 @@ def test_live_view_and_saved_report_in_chromium(tmp_path: Path) -> None:
     assert shown["near-bytes"] == summary["reads"]["near_bytes"] > 0  # local files: near
     assert shown["far-bytes"] == summary["reads"]["far_bytes"] == 0
     assert shown["files-done"] == shown["files"] == 3
+    # the column cache: what the workers' memory served and what was decoded, as summed
+    assert shown["cache-hit-bytes"] == summary["cache"]["hit_bytes"]
+    assert shown["cache-decoded-bytes"] == summary["cache"]["miss_bytes"] > 0
+    assert saved["figures"]["cache-hit-percent"] == f"{summary['cache']['hit_fraction']:.1%}"
     assert saved["workers"] == ["local-0", "local-1"]
