@@ -539,11 +539,10 @@ def test_coffea_work_items_weigh_their_events() -> None:
                              entrystop=100 * i + 50 + i) for i in range(5)]
     graph, _ = build_graph(items, len, ItemPolicy(), 2, "coffea")
     weighed: dict[Any, int] = {}
-    cluster = SimpleNamespace(dashboard=SimpleNamespace(expect_events=weighed.update))
-    expect_events(cluster, graph, items)
+    expect_events(SimpleNamespace(expect_events=weighed.update), graph, items)
     assert sorted(weighed.values()) == [50, 51, 52, 53, 54]
     assert all(key[0] == "coffea-item" for key in weighed)
-    expect_events(SimpleNamespace(dashboard=None), graph, items)  # no view: nothing asked
+    expect_events(SimpleNamespace(), graph, items)  # not a cluster: nothing asked
 
 
 def test_a_closed_sink_keeps_nothing(tmp_path: Path) -> None:

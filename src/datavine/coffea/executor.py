@@ -399,9 +399,10 @@ class DatavineExecutor(ExecutorBase):
 
 
 def expect_events(cluster: object, graph: Mapping[Key, Task], items: Sequence[object]) -> None:
-    """Tell the cluster's live view the events of each work item's task (for events/s)."""
-    dashboard = getattr(cluster, "dashboard", None)
-    if dashboard is None:
+    """Tell the cluster's live view and metrics the events of each work item's task (for
+    events/s: ``Cluster.expect_events``)."""
+    tell = getattr(cluster, "expect_events", None)
+    if tell is None:
         return
     weights = {}
     for key, task in graph.items():
@@ -409,7 +410,7 @@ def expect_events(cluster: object, graph: Mapping[Key, Task], items: Sequence[ob
             else None
         if isinstance(item, EntryRange):
             weights[key] = int(item.entrystop) - int(item.entrystart)
-    dashboard.expect_events(weights)
+    tell(weights)
 
 
 def unwrap_automatic_retries(function: Callable[[Item], T]) -> tuple[Callable[[Item], T],
