@@ -371,9 +371,9 @@ def run_analysis(cluster: Cluster, source: ChunkSource,
     from datavine.apps.analysis.sources import analysis_graph
 
     total = analysis_graph(source, chunks)
-    if cluster.dashboard is not None:  # events/s in the view: the keys analysis_graph gives
-        cluster.dashboard.expect_events({f"agc-chunk-{i}": c.entry_stop - c.entry_start
-                                         for i, c in enumerate(chunks)})
+    # events/s in the view and the metrics: the keys analysis_graph gives
+    cluster.expect_events({f"agc-chunk-{i}": c.entry_stop - c.entry_start
+                           for i, c in enumerate(chunks)})
     t0 = time.monotonic()
     (result,) = dask.compute(total, scheduler=cluster.get)
     return result, time.monotonic() - t0

@@ -401,8 +401,7 @@ def process_chunks(cluster: Cluster, chunks: Sequence[tuple[str, int, int]],
                    config: ScaleTestConfig) -> Tally:
     """Every chunk ``config.passes`` times, in one graph, merged on the workers."""
     graph, final = analysis_graph(chunks, config.retries, config.merge_fanin, config.passes)
-    if cluster.dashboard is not None:  # events/s in the live view
-        cluster.dashboard.expect_events(chunk_events(graph))
+    cluster.expect_events(chunk_events(graph))  # events/s in the live view and the metrics
     return cluster.get(graph, [final])[0]
 
 
