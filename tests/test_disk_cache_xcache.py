@@ -1,0 +1,77 @@
+"""A rerun served from the workers' disks (issue 30, item 3): real workers, real XCache shards.
+
+The session's XCache testbed (an origin and 4 shards on racks A, A, B, B serving 12 small
+files, ``tests/fixtures_xcache.py``) and a :class:`datavine.LocalCluster` of 2 workers, one
+per rack, with the column cache off and the input-bytes cache on
+(``RunConfig(input_cache_mb=...)``). Each task reads one whole file with
+:func:`datavine.open_input`, on its shard. The first run fetches every byte from the shards
+and keeps them on the workers' disks; the second, the same graph, reads each file's header
+from its shard (403 bytes: which version of the file it is) and everything else from the
+disk of the worker that read it before (placement sends the task back there), and says so
+in its summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import pytest
+
+import datavine
+from tests.fixtures_xcache import xcache_lfns
+
+pytestmark = [pytest.mark.taskvine, pytest.mark.xcache]
+
+HEADER = 403  # uproot's first read of a file: always from the server
+RUN_TIMEOUT_S = 120.0
+
+
+def read_file(url: str) -> tuple[int, float]:
+    """One whole file through its shard (module-level: the tests package travels by value)."""
+    with datavine.open_input(url) as f:
+        arrays = f["Events"].arrays(["Jet_pt", "nJet"], library="np")
+    return len(arrays["nJet"]), float(arrays["Jet_pt"].sum())
+
+
+@pytest.fixture(scope="module")
+def disk_cluster(xcache_testbed: Any, tmp_path_factory: pytest.TempPathFactory,
+                 ) -> Iterator[datavine.LocalCluster]:
+    """2 workers (racks A and B), the column cache off, 64 MB of disk cache each; placement
+    waits for the worker that read a file (no backup copies: a copy would read elsewhere)."""
+    run = datavine.RunConfig(shardmap=xcache_testbed.shard_map(), column_cache=False,
+                             input_cache_mb=64, speculation=False, timeout_s=RUN_TIMEOUT_S,
+                             no_worker_timeout_s=30,
+                             placement=datavine.PlacementPolicy(max_wait_s=30.0,
+                                                                cache_wait_s=30.0))
+    manager = datavine.ManagerConfig(run_dir=tmp_path_factory.mktemp("disk-cache"))
+    with datavine.LocalCluster(workers=2, cores=1, racks=("A", "B"), manager=manager,
+                               run=run) as cluster:
+        yield cluster
+
+
+def test_a_rerun_reads_nothing_but_headers_from_the_shards(
+        xcache_testbed: Any, disk_cluster: datavine.LocalCluster) -> None:
+    urls = [xcache_testbed.origin_url + "/" + lfn for lfn in xcache_lfns()]
+    tasks = [dask.delayed(read_file, pure=False)(url) for url in urls]
+
+    first = dask.compute(tasks, scheduler=disk_cluster.get)[0]
+    cold = disk_cluster.last_summary
+    assert cold is not None
+    fetched = cold.reads.near_bytes + cold.reads.far_bytes
+    assert cold.reads.opens == len(urls) and cold.reads.disk_bytes == 0
+    assert fetched > 10 * HEADER * len(urls)
+
+    second = dask.compute(tasks, scheduler=disk_cluster.get)[0]
+    warm = disk_cluster.last_summary
+    assert warm is not None
+    assert second == first
+    assert warm.reads.opens == len(urls)
+    # from the shards: each file's header, nothing else; the rest from the workers' disks
+    assert warm.reads.near_bytes + warm.reads.far_bytes == HEADER * len(urls), warm.lines()
+    assert warm.reads.disk_bytes == fetched - HEADER * len(urls)
+    served = warm.served()
+    assert served["disk"] == warm.reads.disk_bytes and served["memory"] == 0
+    line = next(x for x in warm.lines() if x.startswith("  bytes:"))
+    assert f"{warm.reads.disk_bytes / 2**20:,.1f} MB from their disk" in line, line
