@@ -8,7 +8,10 @@ appended to a file in the cluster's run directory). A separate process
 state (:mod:`datavine.dashboard.model`, pure; :mod:`datavine.dashboard.columns`, what the
 figures plot) and serves the figures (:mod:`datavine.dashboard.views`): TaskVine's
 ``Manager.wait`` holds the manager's GIL, so the view is served from a process of its own.
-:mod:`datavine.dashboard.report` renders the same figures into one self-contained HTML file.
+:mod:`datavine.dashboard.report` renders the same figures into one self-contained HTML file,
+and :mod:`datavine.dashboard.metrics` the same state as Prometheus metrics (``/metrics`` on
+the view's server, or on the manager's own listener,
+:mod:`datavine.dashboard.metrics_listener`).
 
 Only :mod:`~datavine.dashboard.events` is imported by the manager during a run (standard
 library and :mod:`datavine.io.shards` only); Bokeh (the ``dashboard`` extra) is imported
