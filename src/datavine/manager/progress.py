@@ -47,5 +47,8 @@ class RunProgress:
             self._progress.advance(self._task, n)
 
     def print_summary(self, summary: RunSummary) -> None:
+        """Each of the summary's lines as it is: never wrapped by rich (a pipe or a file is
+        80 columns to it, which broke ``... MB worker to`` / ``worker``; a terminal wraps
+        long lines itself), never read as markup (``[transfer server]`` would vanish)."""
         for line in summary.lines():
-            self.console.print(line, highlight=False)
+            self.console.print(line, soft_wrap=True, markup=False, highlight=False, emoji=False)
