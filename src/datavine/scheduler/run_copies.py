@@ -11,12 +11,11 @@ gets one copy at most; the first result wins, the other is cancelled (``Withdraw
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable, Mapping
 from dataclasses import replace
 
 from datavine.config import RunConfig
-from datavine.protocol import BundleResult, BundleSpec
+from datavine.protocol import BundleResult
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle
 from datavine.scheduler.dispatch import Dispatcher
@@ -25,9 +24,10 @@ from datavine.scheduler.intermediates import Intermediates, Plan
 from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import Lifecycle
 from datavine.scheduler.pieces import task_pieces
-from datavine.scheduler.run_messages import CallDone, Instruction, Submit, Withdraw
+from datavine.scheduler.run_messages import CallDone, Instruction, Withdraw
 from datavine.scheduler.speculation import Lanes, OutCall, choose, late
 from datavine.scheduler.summary import RunSummary
+from datavine.scheduler.topology import Target
 
 Key = Hashable
 # backup copies are looked for at most this often: each look walks the calls out (up to 2 a
@@ -48,18 +48,15 @@ class BackupCopies:
     kept: Intermediates
     life: Lifecycle
     inflight: dict[int, Inflight]
-    preload: tuple[str, ...]
     backups: dict[int, Inflight]
     copy_of: dict[int, int]  # call -> its copy
     copied_from: dict[int, int]  # copy -> the call it copies
     lanes: Lanes
     _out: list[Instruction]
-    _calls: itertools.count[int]
 
     # RunState's, used here
-    def _spec(self, bundle: Bundle, plan: Plan, categories: Mapping[Key, str],
-              limits: dict[Key, float], avoid: tuple[str, ...] = (),
-              cap_mb: float | None = None) -> BundleSpec:
+    def _send(self, bundle: Bundle, plan: Plan, target: Target, cap_mb: float | None,
+              categories: Mapping[Key, str], avoid: tuple[str, ...] = ()) -> int:
         raise NotImplementedError
 
     def _forget(self, call: int, *, succeeded: bool = False,
@@ -137,23 +134,16 @@ class BackupCopies:
         first copy reads from."""
         entry = self.inflight[chosen.call]
         bundle, graph = entry.bundle, self.graph
-        categories = {k: graph.category(k) for k in bundle.keys}
-        limits = {k: limit for k, c in categories.items()
-                  if (limit := self.cfg.time_limit(c)) is not None}
         # a late copy reads around its first copy's shard, which may be the slow part; a
         # copy of a call that only waits behind another reads where the first would
         shards = ([self.dispatch.shard_now(f, self.now) for f in bundle.files]
                   if self.cfg.shardmap is not None and not chosen.queued else [])
         avoid = tuple(sorted({s.name for s in shards if s is not None and not s.is_origin}))
         plan = self.kept.plan(list(entry.plan.store), bundle.inputs)  # temps of its own
-        spec = self._spec(bundle, plan, categories, limits, avoid, entry.cap_mb)
         topology = self.learned.topology
         target = topology.named(worker)
-        call = next(self._calls)
-        self._out.append(Submit(
-            call, spec, entry.cap_mb, self.preload, sum(limits.values()) if limits else None,
-            target, fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
-            store={name: plan.declared[key] for key, name in plan.store.items()}))
+        call = self._send(bundle, plan, target, entry.cap_mb,
+                          {k: graph.category(k) for k in bundle.keys}, avoid)
         self.backups[call] = Inflight(bundle, target, entry.category, entry.cap_mb, plan)
         self.copy_of[chosen.call], self.copied_from[call] = call, chosen.call
         topology.sent(target)

@@ -314,18 +314,11 @@ class RunState(BackupCopies):
         if memory is not None:
             retried = [self.cap_override[k] for k in bundle.keys if k in self.cap_override]
             cap_mb = max(retried) if retried else memory.cap_for(category)
-        limits = {k: limit for k, c in categories.items()
-                  if (limit := cfg.time_limit(c)) is not None}
         keep = [k for k in bundle.outputs if k not in graph.outputs
                 and self.kept.worth_keeping(graph.output_kind(k), cfg.inline_max_bytes)
                 ] if cfg.keep_on_workers and self.learned.network.keep_on_workers else []
         plan = self.kept.plan(keep, bundle.inputs)
-        spec = self._spec(bundle, plan, categories, limits, cap_mb=cap_mb)
-        call = next(self._calls)
-        self._out.append(Submit(
-            call, spec, cap_mb, self.preload, sum(limits.values()) if limits else None, target,
-            fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
-            store={name: plan.declared[key] for key, name in plan.store.items()}))
+        call = self._send(bundle, plan, target, cap_mb, categories)
         self.inflight[call] = Inflight(bundle, target, category, cap_mb, plan)
         if target.worker is not None:
             self.lanes.place(call, target.worker, self.now)
@@ -333,6 +326,20 @@ class RunState(BackupCopies):
         self.summary.bundles += 1
         if bundle.files:
             self.summary.placement[counted_tier(placement, target)] += 1
+
+    def _send(self, bundle: Bundle, plan: Plan, target: Target, cap_mb: float | None,
+              categories: Mapping[Key, str], avoid: tuple[str, ...] = ()) -> int:
+        """Submit one call of ``bundle`` (a first copy or a backup) to ``target``, with its
+        tasks' time limits; returns the call."""
+        limits = {k: limit for k, c in categories.items()
+                  if (limit := self.cfg.time_limit(c)) is not None}
+        spec = self._spec(bundle, plan, categories, limits, avoid, cap_mb)
+        call = next(self._calls)
+        self._out.append(Submit(
+            call, spec, cap_mb, self.preload, sum(limits.values()) if limits else None, target,
+            fetch={name: self.kept.held[key].file for key, name in plan.fetch.items()},
+            store={name: plan.declared[key] for key, name in plan.store.items()}))
+        return call
 
     def _spec(self, bundle: Bundle, plan: Plan, categories: Mapping[Key, str],
               limits: dict[Key, float], avoid: tuple[str, ...] = (),
