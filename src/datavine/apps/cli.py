@@ -15,6 +15,8 @@
   (:mod:`datavine.deploy.box.cli`).
 - ``datavine story RUN.json [TASK]``: what happened to a finished run's bundles, or to one
   task (:mod:`datavine.apps.story`).
+- ``datavine doctor``: what the TaskVine in use lacks for datavine, one line each, and how
+  to get it (:mod:`datavine.apps.doctor`).
 
 Settings that cannot be used (:class:`~datavine.config.ConfigError`) and datavine's own
 errors (:class:`~datavine.errors.DatavineError`) end the command with exit code 2 and one
@@ -147,6 +149,7 @@ def add_scale_test_command(subparsers: argparse._SubParsersAction) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     from datavine import __version__
+    from datavine.apps.doctor import add_command as add_doctor_command
     from datavine.apps.story import add_command as add_story_command
     from datavine.deploy.box.cli import add_box_commands
     from datavine.deploy.pools.cli import add_pool_commands
@@ -163,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_scale_test_command(sub)
     add_box_commands(sub)
     add_story_command(sub)
+    add_doctor_command(sub)
     return parser
 
 

@@ -42,13 +42,13 @@ class Capability:
 
 
 CAPABILITIES: tuple[Capability, ...] = (
-    Capability("worker-features", "worker features in TaskVine's worker status", "patch 0001",
+    Capability("worker-features", "worker features in the worker status", "patch 0001",
                "workers' names and racks are unknown until their first result: libraries are "
                "not warmed up by name, the first bundles are placed without racks (a "
                "facility's [racks] still maps hosts) and a lost local worker is noticed by "
                "TaskVine's timeout only"),
-    Capability("listen-address", "the listen address (VINE_LISTEN_ADDRESS)",
-               "patch 0002",
+    Capability("listen-address", "the listen address",
+               "patch 0002, VINE_LISTEN_ADDRESS",
                "the manager listens on every interface, whatever listen_host says"),
     Capability("worker-transfer-address", "vine_worker --transfer-address", "patch 0002",
                "workers' transfer servers (peer transfers) listen on every interface: local "

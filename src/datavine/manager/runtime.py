@@ -178,8 +178,11 @@ class Runtime:
         same nesting (user values: the edge)."""
         graph = graphs.build(dsk, keys)
         self.library.rewarm(self.run_config.no_worker_timeout_s)
-        values = GraphRun(self, graph, self.run_config, sink=self.event_sink,
-                          on_results=self._publish if self._result_hooks else None).execute()
+        run = GraphRun(self, graph, self.run_config, sink=self.event_sink,
+                       on_results=self._publish if self._result_hooks else None)
+        # what this TaskVine lacks, in the summary's notes (datavine doctor says the same)
+        run.state.summary.notes.extend(self.taskvine.capabilities.lines())
+        values = run.execute()
         return graphs.pack_results(keys, values)
 
     # --- the run's port (datavine.manager.port.RunPort) -------------------------------------

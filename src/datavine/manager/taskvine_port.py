@@ -250,6 +250,10 @@ class TaskVinePort:
             self.internals.quiet_debug_log()
         # what this TaskVine can do for datavine, probed once (datavine doctor prints it)
         self.capabilities = probe_capabilities(self.internals, self.listen_address, self.port)
+        if self.listen_address is not None and not self.capabilities.has("listen-address"):
+            print(f"datavine: this TaskVine ignores the listen address {self.listen_address}: "
+                  f"the manager on port {self.port} listens on every interface (datavine "
+                  "doctor)", file=sys.stderr, flush=True)
         if manager_config.password_file:
             self.manager.set_password_file(str(manager_config.password_file))
         self.manager.tune("watch-library-logfiles", 1)
