@@ -74,8 +74,9 @@ class Timeline:
 class PassFigures:
     """One pass over the dataset: its chunks from the first one's start to the last one's
     end (seconds since processing started), what they read and where their columns came
-    from. Passes overlap in time: a chunk's next read starts once its previous one is done
-    (:func:`datavine.apps.scaletest.run.analysis_graph`)."""
+    from. Passes overlap in time (a chunk's next read starts once its previous one is done,
+    :func:`datavine.apps.scaletest.run.analysis_graph`), so a pass's speed is its events
+    over the seconds its chunks ran (``khz_per_core``), not over its window."""
 
     number: int  # from 1
     chunks: int
@@ -86,6 +87,7 @@ class PassFigures:
     bytes_read: int
     cached_bytes: int
     decoded_bytes: int
+    busy_s: float = 0.0  # the seconds its chunks ran, summed
 
     @property
     def wall_s(self) -> float:
@@ -96,12 +98,14 @@ class PassFigures:
         return hit_fraction(self.cached_bytes, self.decoded_bytes)
 
     @property
-    def khz(self) -> float:
-        return self.events / self.wall_s / 1e3 if self.wall_s > 0 else 0.0
+    def khz_per_core(self) -> float:
+        """Events per second of a chunk's run, in kHz: one busy core's rate in this pass."""
+        return self.events / self.busy_s / 1e3 if self.busy_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, JSON]:
         return {**asdict(self), "wall_s": round(self.wall_s, 4),
-                "hit_fraction": round(self.hit_fraction, 4), "khz": round(self.khz, 3)}
+                "hit_fraction": round(self.hit_fraction, 4),
+                "khz_per_core": round(self.khz_per_core, 3)}
 
 
 @dataclass
@@ -171,8 +175,8 @@ class ScaleReport:
         if len(self.passes) > 1:
             out.extend(f"    pass {p.number}: {p.hit_fraction:.1%} from memory "
                        f"({p.cached_bytes / 1e6:,.1f} MB; {p.decoded_bytes / 1e6:,.1f} MB "
-                       f"decoded from {p.bytes_read / 1e6:,.1f} MB read), {p.wall_s:.2f} s, "
-                       f"{p.khz:,.1f} kHz" for p in self.passes)
+                       f"decoded from {p.bytes_read / 1e6:,.1f} MB read), "
+                       f"{p.khz_per_core:,.1f} kHz per busy core" for p in self.passes)
         out.extend(f"    failed: {f['file']} ({f['stage']}): {f['error'][:160]}"
                    for f in self.failed_files[:10])
         return out
@@ -250,7 +254,8 @@ def pass_figures(records: Sequence[ChunkRecord], *, t0: float,
             end_s=round(max((r.t_end for r in rs), default=t0) - t0, 4),
             bytes_read=sum(r.bytes_read for r in good),
             cached_bytes=sum(r.cached_bytes for r in good),
-            decoded_bytes=sum(r.decoded_bytes for r in good)))
+            decoded_bytes=sum(r.decoded_bytes for r in good),
+            busy_s=round(sum(max(0.0, r.t_end - r.t_start) for r in good), 4)))
     return out
 
 

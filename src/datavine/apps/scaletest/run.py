@@ -419,22 +419,26 @@ def chunk_events(graph: Mapping[Key, Task]) -> dict[Key, int]:
 def analysis_graph(chunks: Sequence[tuple[str, int, int]], retries: int, fanin: int,
                    passes: int = 1) -> tuple[dict[Key, Task], Key]:
     """A task per chunk and pass (the chunk a ``(path, start, stop)`` argument, so datavine
-    sees the file and the entries it reads) and a merge tree, ``fanin`` at a time; returns
-    (graph, final key).
+    sees the file and the entries it reads) and a merge tree per pass, ``fanin`` at a time,
+    whose first merge takes the total of the passes before (an empty tally before the
+    first); returns (graph, final key).
 
-    A chunk's task in a later pass takes the previous pass's result of the same chunk (and
-    ignores it): each pass reads a chunk after the one before has, as a rerun does, on the
-    worker that holds it when that worker frees up in time. Without it dask's order ran a
-    chunk's later reads before or beside its first, and a pass's figures mixed cold and
-    warm reads."""
+    With the passes chained so, dask's order (the priority datavine takes ready tasks in)
+    takes them one after another, as reruns would be: a chunk's later read finds its columns
+    in the cache of the worker that read it before (placement sends it there). In one tree
+    over all the passes it took the last pass first and mixed the others, so that a pass's
+    figures mixed a chunk's first (cold) reads with its later (warm) ones. The chunk tasks
+    take no input: nothing pulls them to a worker but what it holds. A chunk sent while its
+    previous read still runs (the last few of a pass) reads its file again."""
     token = uuid.uuid4().hex
-    graph: dict[Key, Task] = {}
+    total: Key = ("agc-start", token)
+    graph: dict[Key, Task] = {total: (Tally,)}
     for p in range(passes):
+        leaves: list[Key] = [total]
         for i, (path, start, stop) in enumerate(chunks):
-            before = ("agc-chunk", token, (p - 1) * len(chunks) + i) if p else None
-            graph[("agc-chunk", token, p * len(chunks) + i)] = (
-                run_chunk, (path, start, stop), retries, p, before)
-    final = add_merge_tree(graph, list(graph), fanin,
-                           key=lambda depth, j: ("agc-merge", token, depth, j),
-                           task=lambda keys: (merge_tallies, keys))
-    return graph, final
+            leaves.append(("agc-chunk", token, p * len(chunks) + i))
+            graph[leaves[-1]] = (run_chunk, (path, start, stop), retries, p)
+        total = add_merge_tree(graph, leaves, fanin,
+                               key=lambda depth, j, p=p: ("agc-merge", token, p, depth, j),
+                               task=lambda keys: (merge_tallies, keys))
+    return graph, total

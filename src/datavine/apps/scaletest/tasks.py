@@ -83,14 +83,11 @@ def file_info(path: str, tree: str = "Events") -> FileInfo:
         return FileInfo(path, error=_describe(exc))
 
 
-def run_chunk(chunk: tuple[str, int, int], retries: int = 1, pass_index: int = 0,
-              after: Tally | None = None) -> Tally:
+def run_chunk(chunk: tuple[str, int, int], retries: int = 1, pass_index: int = 0) -> Tally:
     """The AGC analysis over one chunk (``(path, entry_start, entry_stop)``: the scheduler
     names the entry range it reads from this triple, and sends it where its columns are),
     retried on ``OSError`` (I/O) up to ``retries`` times; a failure is returned as a record
-    with ``error``. ``after``: the previous pass's result of the chunk, unused (the
-    dependency orders the passes)."""
-    del after
+    with ``error``."""
     path, entry_start, entry_stop = chunk
     started = time.time()
     attempts = 0
