@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import time
@@ -438,7 +439,10 @@ def analysis_graph(chunks: Sequence[tuple[str, int, int]], retries: int, fanin: 
         for i, (path, start, stop) in enumerate(chunks):
             leaves.append(("agc-chunk", token, p * len(chunks) + i))
             graph[leaves[-1]] = (run_chunk, (path, start, stop), retries, p)
-        total = add_merge_tree(graph, leaves, fanin,
-                               key=lambda depth, j, p=p: ("agc-merge", token, p, depth, j),
+        total = add_merge_tree(graph, leaves, fanin, key=functools.partial(_merge_key, token, p),
                                task=lambda keys: (merge_tallies, keys))
     return graph, total
+
+
+def _merge_key(token: str, pass_index: int, depth: int, j: int) -> Key:
+    return ("agc-merge", token, pass_index, depth, j)
