@@ -14,6 +14,7 @@ shallow and bounded, as :mod:`datavine.scheduler.inputs`' is. Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeGuard
 
 from dask._task_spec import DataNode, GraphNode, Task, TaskRef
 
@@ -29,46 +30,49 @@ _MAX_ITEMS = 64
 
 def task_pieces(node: GraphNode) -> tuple[str, ...]:
     """The pieces the task will read, in argument order, without duplicates."""
-    found: list[str] = []
+    return tuple(dict.fromkeys(piece_name(logical_name(path), start, stop)
+                               for path, start, stop in _ranges(node)))
+
+
+def task_entries(node: GraphNode) -> int | None:
+    """The number of entries the task's pieces name (None: it names no non-empty range)."""
+    total = sum(stop - start for _, start, stop in set(_ranges(node)) if stop > start)
+    return total or None
+
+
+Range = tuple[str, int, int]  # a path or URL, an entry range
+
+
+def _ranges(node: GraphNode) -> list[Range]:
+    found: list[Range] = []
     if isinstance(node, Task):
         _scan((node.args, node.kwargs), found, 0)
     elif isinstance(node, DataNode):
         _scan(node.value, found, 0)
-    return tuple(dict.fromkeys(found))
+    return found
 
 
-def task_entries(node: GraphNode) -> int | None:
-    """The number of entries the task's pieces name (None: it names no bounded range)."""
-    total, found = 0, False
-    for piece in task_pieces(node):
-        start, _, stop = piece.rsplit("@", 1)[1].partition("-")
-        if start.isdigit() and stop.isdigit() and int(stop) > int(start):
-            total += int(stop) - int(start)
-            found = True
-    return total if found else None
-
-
-def _piece(obj: object) -> str | None:
+def _range(obj: object) -> Range | None:
     if (isinstance(obj, tuple) and len(obj) == 3 and isinstance(obj[0], str)
-            and looks_like_input(obj[0]) and _whole(obj[1]) and _whole(obj[2])):
-        return piece_name(logical_name(obj[0]), obj[1], obj[2])
+            and _whole(obj[1]) and _whole(obj[2]) and looks_like_input(obj[0])):
+        return obj[0], obj[1], obj[2]
     filename = getattr(obj, "filename", None)
     if isinstance(filename, str) and looks_like_input(filename):
         start, stop = getattr(obj, "entrystart", None), getattr(obj, "entrystop", None)
         if _whole(start) and _whole(stop):
-            return piece_name(logical_name(filename), start, stop)
+            return filename, start, stop
     return None
 
 
-def _whole(value: object) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _scan(obj: object, found: list[str], depth: int) -> None:
+def _scan(obj: object, found: list[Range], depth: int) -> None:
     if depth > _MAX_DEPTH or obj is None or isinstance(obj, (str, int, float, bool, bytes,
                                                              TaskRef)):
         return
-    piece = _piece(obj)
+    piece = _range(obj)
     if piece is not None:
         found.append(piece)
         return
