@@ -163,6 +163,9 @@ def test_configure_finds_the_workers_folder_and_drops_for_a_new_epoch(
     assert disk_cache.configure(0.0) is None  # off
     cache = disk_cache.configure(8.0)
     assert cache is not None and cache.root == workspace / "cache" / disk_cache.FOLDER
+    # TaskVine keeps an item of its cache folder across managers only at level "forever"
+    meta = (workspace / "cache" / f"{disk_cache.FOLDER}.meta").read_text().splitlines()
+    assert "cache_level 3" in meta and "type 1" in meta
     assert cache.max_bytes == 8 * disk_cache.MB
     ident = bytes(16)
     cache.put(ident, 0, 10, b"0123456789")

@@ -10,11 +10,13 @@ when ``RunConfig.input_cache_mb`` is set (``BundleSpec.input_cache_mb``).
 
 Where: ``<workspace>/cache/datavine-inputs`` of the ``vine_worker`` the process runs under
 (:func:`worker_directory`; the worker exports its workspace's ``temp`` folder as
-``WORKER_TMPDIR`` to the processes it starts). TaskVine keeps its cache folder when its
-manager goes away (a new ``datavine run`` finds the bytes there), counts what is in it as
-the worker's disk in use, and deletes it with the workspace when the worker exits (a worker
-restarted starts cold, and so does the next worker that finds the folder: TaskVine trashes
-what it does not know in its cache folder when it starts).
+``WORKER_TMPDIR`` to the processes it starts). TaskVine counts what is in its cache folder
+as the worker's disk in use, and deletes it with the workspace when the worker exits (a
+worker restarted starts cold). Each time the worker connects to a manager it trashes the
+entries of that folder that have no metadata of level "forever", so the folder gets such a
+metadata file (:func:`keep_across_managers`, ``datavine-inputs.meta``): a new ``datavine
+run`` (a new manager) finds the bytes the last one left, and the manager learns of one more
+item from a previous run (TaskVine's own words), which it only counts.
 
 Layout: one folder per file identity (16 bytes from its ROOT header,
 :func:`datavine.io.source.disk.header_identity`: its UUID, its length and the rest of the
@@ -244,11 +246,28 @@ def configure(max_mb: float, epoch: int = 0, root: Path | None = None) -> DiskCa
         return None
     if _cache is None or _cache.root != root:
         _cache = DiskCache(root, int(max_mb * MB))
+        keep_across_managers(root)
     else:
         _cache.max_bytes = int(max_mb * MB)
     if _take_epoch(root, epoch):
         _cache.clear()
     return _cache
+
+
+def keep_across_managers(root: Path) -> None:
+    """Give ``root`` (in TaskVine's cache folder) the metadata of a cached item of level
+    "forever" (``VINE_CACHE_LEVEL_FOREVER``, 3), without which the worker trashes it when it
+    next connects to a manager; it still goes with the workspace when the worker exits."""
+    meta = root.with_name(root.name + ".meta")
+    if meta.exists():
+        return
+    with contextlib.suppress(OSError):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root.with_name(f".{root.name}.meta.{os.getpid()}")
+        tmp.write_text(f"type 1\ncache_level 3\nmode 040755\nsize 0\n"
+                       f"mtime {int(root.stat().st_mtime)}\ntransfer_time 0\n"
+                       "transfer_start 0\n")
+        os.replace(tmp, meta)
 
 
 def _take_epoch(root: Path, epoch: int) -> bool:
