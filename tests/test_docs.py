@@ -267,3 +267,18 @@ def test_paths_shown_exist() -> None:
     problems = [f"{where}: {problem}" for where, path in found
                 if (problem := path_problem(path))]
     assert not problems, "\n".join(problems)
+
+
+# --- what datavine doctor names ---------------------------------------------------------------
+
+def test_the_operator_page_lists_every_capability_doctor_checks() -> None:
+    """docs/operator.md's table of what a stock TaskVine lacks names every capability of
+    :data:`datavine.manager.capabilities.CAPABILITIES`, with the patch that brings it."""
+    from datavine.manager.capabilities import CAPABILITIES, INTERNALS
+
+    page = (ROOT / "docs" / "operator.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in page.splitlines()
+            if line.startswith("| ") and line.count("|") >= 4}
+    missing = [c.what for c in (*CAPABILITIES, INTERNALS)
+               if c.what not in rows or c.patch not in rows[c.what]]
+    assert not missing, f"docs/operator.md (datavine doctor) lacks rows for: {missing}"
