@@ -210,3 +210,18 @@ def test_the_summary_counts_memory_disk_rack_and_far() -> None:
     (line,) = [x for x in summary.lines() if x.startswith("  bytes:")]
     assert line == ("  bytes: 7.0 MB from workers' memory (decoded), 5.0 MB from their disk, "
                     "3.0 MB from the rack's shards, 2.0 MB far")
+
+
+def test_the_worker_tells_once_which_files_its_disk_holds(
+        root_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = DiskCache(tmp_path / "cache", 64 * disk_cache.MB)
+    with open_file(str(root_file), handler=uproot.source.file.MemmapSource,
+                   wrap=lambda s: DiskCachedSource(s, cache, "/store/events.root")) as f:
+        f["Events"].arrays(BRANCHES, library="np")
+    assert disk_cache.held_names(cache.root) == ["/store/events.root"]
+    monkeypatch.setattr(disk_cache, "_reported", None)
+    assert disk_cache.take_held_names(cache.root) == ["/store/events.root"]
+    assert disk_cache.take_held_names(cache.root) == []  # once per process
+    cache.max_bytes = 1  # everything evicted: the name goes with the last range
+    cache.enforce()
+    assert disk_cache.held_names(cache.root) == [] and not any(cache.root.iterdir())

@@ -21,10 +21,14 @@ item from a previous run (TaskVine's own words), which it only counts.
 Layout: one folder per file identity (16 bytes from its ROOT header,
 :func:`datavine.io.source.disk.header_identity`: its UUID, its length and the rest of the
 header), one file per byte range, named ``START-STOP``, holding a header (magic, identity,
-range, CRC-32 of the payload) and the payload. Every process of the worker (the library,
-its capped child) shares the folder: files are written under a temporary name and renamed
-into place (a reader sees all of a file or none), and a file that is not what its name
-says (short, corrupt, another identity or range) is a miss and is removed, never an error.
+range, CRC-32 of the payload) and the payload, and a file ``NAME`` with the file's logical
+name: a process tells the manager once which files its worker's disk holds
+(:func:`take_held_names`, in its first bundle's read records, the library's warm-up call),
+so that placement sends their chunks back to this worker in a run of a new manager too.
+Every process of the worker (the library, its capped child) shares the folder: files are
+written under a temporary name and renamed into place (a reader sees all of a file or
+none), and a file that is not what its name says (short, corrupt, another identity or
+range) is a miss and is removed, never an error.
 
 The bound (bytes): the least recently used ranges (a hit touches its file) are evicted to
 90% of it whenever a process's count of the folder passes it; a process counts the folder
@@ -52,6 +56,8 @@ MARKER = "EPOCH"  # the library and the cache epoch that last emptied the folder
 MAGIC = b"DVRANGE1"
 _HEAD = struct.Struct(">8s16sQQI")  # magic, identity, start, stop, CRC-32 of the payload
 IDENTITY_BYTES = 16
+NAME = "NAME"  # in an identity's folder: the file's logical name
+MAX_NAMES = 10_000  # files a process reports its worker's disk holds, at most
 FREE_SHARE = 0.5  # of the filesystem's free space (and what the cache holds), at most
 RESCAN_SHARE = 0.1  # a process counts the folder again after writing this share of the bound
 EVICT_TO = 0.9  # eviction goes down to this share of the bound
@@ -154,6 +160,17 @@ class DiskCache:
             self.enforce()
         return True
 
+    def name(self, identity: bytes, lfn: str) -> None:
+        """Note that ``identity`` is (a version of) the file of logical name ``lfn``."""
+        path = self.root / identity.hex() / NAME
+        if path.exists():
+            return
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{NAME}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(lfn)
+            os.replace(tmp, path)
+
     # --- the bound -----------------------------------------------------------------------------
     def bound(self) -> int:
         """``max_bytes``, or half of the filesystem's free space and what the cache holds
@@ -174,6 +191,8 @@ class DiskCache:
                     continue
                 with contextlib.suppress(OSError):
                     for entry in os.scandir(folder.path):
+                        if entry.name == NAME:  # goes with the folder's last range
+                            continue
                         with contextlib.suppress(OSError):
                             st = entry.stat(follow_symlinks=False)
                             out.append((st.st_mtime, st.st_size, Path(entry.path)))
@@ -198,7 +217,9 @@ class DiskCache:
                     freed += size
             for folder in {p.parent for _, _, p in files}:
                 with contextlib.suppress(OSError):
-                    folder.rmdir()  # only when empty
+                    if [p.name for p in folder.iterdir()] == [NAME]:  # no range left
+                        (folder / NAME).unlink()
+                        folder.rmdir()
         with self._lock:
             self._known = held - freed
             self._since_count = 0
@@ -252,6 +273,32 @@ def configure(max_mb: float, epoch: int = 0, root: Path | None = None) -> DiskCa
     if _take_epoch(root, epoch):
         _cache.clear()
     return _cache
+
+
+def held_names(root: Path, limit: int = MAX_NAMES) -> list[str]:
+    """Logical names of the files of which ``root`` holds byte ranges (at most ``limit``,
+    the most recently used first)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for folder in os.scandir(root):
+            with contextlib.suppress(OSError):
+                if folder.is_dir(follow_symlinks=False):
+                    found.append((folder.stat().st_mtime, Path(folder.path, NAME).read_text()))
+    return list(dict.fromkeys(name for _, name in sorted(found, reverse=True)))[:limit]
+
+
+_reported: tuple[int, Path] | None = None  # (process, folder) that reported its names
+
+
+def take_held_names(root: Path | None = None) -> list[str]:
+    """:func:`held_names` of this worker's folder, the first time this process asks (a new
+    library or capped child reports them once); [] after, or outside a worker."""
+    global _reported
+    root = root if root is not None else worker_directory()
+    if root is None or _reported == (os.getpid(), root):
+        return []
+    _reported = (os.getpid(), root)
+    return held_names(root)
 
 
 def keep_across_managers(root: Path) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from datavine.io import column_cache, disk_cache
-from datavine.io.shards import ShardHealth, ShardMap
+from datavine.io.shards import ShardHealth, ShardMap, logical_name
 from datavine.io.source.base import (
     UNSHARDED,
     H,
@@ -138,8 +138,10 @@ class ReadContext:
         this process now holds (its ``lfn`` the piece's name,
         :func:`datavine.io.column_cache.piece_name`, and a marker of its file's,
         :func:`~datavine.io.column_cache.marker_name`: what placement learns a worker holds),
-        each piece or marker whose columns all left the cache (``dropped``), and the cache's
-        generation (``@cache/PID/TIME``: a new one on a worker holds nothing reported before)."""
+        each piece or marker whose columns all left the cache (``dropped``), the cache's
+        generation (``@cache/PID/TIME``: a new one on a worker holds nothing reported before),
+        and, in this process's first bundle, each file whose bytes the worker's disk holds
+        (:func:`datavine.io.disk_cache.take_held_names`)."""
         out, noted = [], set()
         for o in self.opened:
             cached, decoded = (self.cache_use.get(o.lfn, (0, 0)) if o.lfn not in noted
@@ -158,6 +160,9 @@ class ReadContext:
                    for name in sorted(cache.take_dropped()))
         if cache.max_bytes or cache.entries:  # which cache this is (a replaced one is cold)
             out.append(ReadRecord(cache.generation, MEMORY, None, 0))
+        # the files whose bytes the worker's disk holds, once per process (placement's
+        # "cached" tier for them, in a new manager's run too)
+        out.extend(ReadRecord(lfn, MEMORY, None, 0) for lfn in disk_cache.take_held_names())
         return out
 
     def shards_since(self, start: int = 0) -> list[str]:
@@ -247,18 +252,19 @@ def _open_served(url: str, shardmap: ShardMap | None, opener: Opener[H],
     shards = shardmap if shardmap is not None else (ctx.shardmap if ctx is not None else None)
     if ctx is not None and ctx.disk is not None and is_xrootd(url) and \
             opener in (open_file, make_source):  # openers that take ``wrap``
-        options = {**options, "wrap": _disk_wrap(ctx.disk)}
+        options = {**options, "wrap": _disk_wrap(ctx.disk, logical_name(url))}
     handle, record = source_for(url, shards).open(url, opener, **options)
     if ctx is not None:
         ctx.add(handle, record)
     return handle, record
 
 
-def _disk_wrap(cache: disk_cache.DiskCache) -> Callable[[object], object]:
-    """Puts the worker's disk in front of an uproot source (uproot imported here)."""
+def _disk_wrap(cache: disk_cache.DiskCache, lfn: str) -> Callable[[object], object]:
+    """Puts the worker's disk in front of an uproot source of the file ``lfn`` (uproot
+    imported here)."""
     from datavine.io.source.disk import DiskCachedSource
 
-    return lambda source: DiskCachedSource(source, cache)
+    return lambda source: DiskCachedSource(source, cache, lfn)
 
 
 def open_input(url: str, *, shardmap: ShardMap | None = None,

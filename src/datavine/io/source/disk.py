@@ -59,9 +59,11 @@ def header_identity(header: bytes | memoryview) -> bytes | None:
 class DiskCachedSource(uproot.source.chunk.Source):
     """``inner`` (an open uproot source of a remote file) with ``cache`` in front of it."""
 
-    def __init__(self, inner: uproot.source.chunk.Source, cache: DiskCache) -> None:
+    def __init__(self, inner: uproot.source.chunk.Source, cache: DiskCache,
+                 name: str | None = None) -> None:
         self._inner = inner
         self._cache = cache
+        self._name = name  # the file's logical name, noted beside its ranges
         self._identity: bytes | None = None
         self._num_disk_bytes = 0
         self._file_path = inner.file_path
@@ -78,6 +80,8 @@ class DiskCachedSource(uproot.source.chunk.Source):
             data = _filled(chunk)
             if data is not None:
                 self._identity = header_identity(data)
+            if self._identity is not None and self._name is not None:
+                self._cache.name(self._identity, self._name)
             return chunk
         self._keep(chunk)
         return chunk
