@@ -204,8 +204,13 @@ class DatavineLibrary:
                 result = task.output if task.ok else None
                 if isinstance(result, dict):
                     answered.add((str(result.get("worker")), int(result.get("pid", 0))))
+                    # named pool workers; the files whose bytes their disk holds
+                    # (io/disk_cache.py: a rerun's chunks go back there)
+                    held = [str(r["lfn"]) for r in result.get("reads") or ()
+                            if isinstance(r, dict) and r.get("server") == "memory"
+                            and not r.get("dropped") and "@" not in str(r.get("lfn"))]
                     self.topology.learn(result.get("worker"), result.get("rack"),
-                                        task.addrport)  # named pool workers
+                                        task.addrport, held)
         return answered
 
     def _warm_given_up(self, pending: Mapping[int, str]) -> set[int]:
