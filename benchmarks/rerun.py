@@ -26,14 +26,31 @@ cache-off time, <= 1.05).
 The last line is ``key=value``: ``rerun_speedup_lzma= rerun_speedup_zstd= hit_fraction=
 peak_over_cap= overruns= degrade_ratio= results_equal=``.
 
+``--box`` measures the input-bytes cache instead (issue 30, item 3), on the facility in a box
+(:mod:`datavine.deploy.box`, as ``benchmarks/box.py`` uses it: a manager host with the
+origin, ``--box-racks`` racks of ``--box-hosts-per-rack`` hosts, an XCache shard and a
+one-core ``vine_worker`` per rack host): ``datavine run --facility`` twice on the manager
+host, the facility file saying ``[run] input_cache_mb = --box-cache-mb``. Each run is a new
+manager, so the workers' libraries (and their column caches) start again: the second run
+finds its columns nowhere in memory, only its bytes on the workers' disks. The network's
+bytes are the kernel's: what every host of the box received (each host's ``eth0`` and
+``lo``: a worker on its shard's host reads it over loopback), before and after each run.
+Last line: ``box_rerun_bytes_ratio=`` (the second run's bytes over the first's; goal <=
+0.05), the two runs' MB, the second run's MB from the workers' disks and from the servers
+(datavine's count), ``box_results_equal=``.
+
     .venv/bin/python benchmarks/rerun.py [--compression both|lzma|zstd] [--files 4
         --events-per-file 500000 --chunk-events 100000] [--workers 2] [--rounds 3]
+    .venv/bin/python benchmarks/rerun.py --box [--box-files 16 --box-events 100000
+        --box-racks 2 --box-hosts-per-rack 2 --box-cache-mb 1024]   # root, XRootD
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -163,6 +180,106 @@ def degrade(chunks: list[agc.Chunk], args: argparse.Namespace) -> tuple[list[flo
     return small, off
 
 
+@dataclass
+class BoxRun:
+    """One ``datavine run`` on the box: the kernel's bytes and datavine's record."""
+
+    received: int
+    record: dict[str, Any]
+
+    @property
+    def reads(self) -> dict[str, Any]:
+        return dict((self.record.get("summary") or {}).get("reads") or {})
+
+
+def box_received(box: Any) -> int:
+    """Bytes every host of the box has received so far (``eth0`` and ``lo``), kernel's."""
+    return sum(box.counters(h.namespace, dev)[0] for h in box.plan.hosts
+               for dev in ("eth0", "lo"))
+
+
+def box_rerun(args: argparse.Namespace) -> int:
+    """The input-bytes cache on the box: two ``datavine run``s, network bytes of each."""
+    from datavine.deploy.box.facility import bring_up, start_workers, take_down
+    from datavine.deploy.box.net import box_missing
+    from datavine.deploy.box.plan import BoxSpec
+    from datavine.io.datagen import generate_dataset
+
+    why = box_missing()
+    if why:
+        print(f"box: cannot run here: {why}", file=sys.stderr)
+        return 2
+    print(f"# {common.machine_info()}", file=sys.stderr, flush=True)
+    data = args.box_data_dir
+    data.mkdir(parents=True, exist_ok=True)
+    files = generate_dataset(data, args.box_files, args.box_events, "zstd")
+    for p in [data, *files]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    for parent in data.resolve().parents:  # the xrootd user must reach the files
+        if parent != Path("/"):
+            parent.chmod(parent.stat().st_mode | 0o011)
+    size = sum(f.stat().st_size for f in files)
+    workdir = common.run_dir("rerun-box")
+    workdir.chmod(0o755)
+    spec = BoxSpec(name="rerun", racks=args.box_racks, hosts_per_rack=args.box_hosts_per_rack)
+    box = bring_up(spec, workdir / "box", data=data)
+    runs: list[BoxRun] = []
+    try:
+        facility = box.dir / "facility-rerun.toml"
+        facility.write_text((box.dir / "facility.toml").read_text()
+                            + f"\n[run]\ninput_cache_mb = {args.box_cache_mb:g}\n")
+        start_workers(box)
+        n_workers = args.box_racks * args.box_hosts_per_rack
+        for i in (1, 2):
+            record = box.dir / f"run-{i}.json"
+            argv = [str(Path(sys.executable).parent / "datavine"), "run", "--facility",
+                    str(facility), "--data", str(data), "--files", str(args.box_files),
+                    "--events", str(args.box_events), "--no-progress", "--json", str(record),
+                    "--timeout", str(args.box_timeout), "--pool-workers", str(n_workers),
+                    "--pool-timeout", "60"]
+            before = box_received(box)
+            done = box.run("mgr", argv, timeout_s=args.box_timeout + 120, check=False)
+            received = box_received(box) - before
+            if done.returncode != 0:
+                print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
+                print(f"box run {i} failed (exit {done.returncode})", file=sys.stderr)
+                return 1
+            runs.append(BoxRun(received, json.loads(record.read_text())))
+            lines = [x for x in done.stdout.splitlines() if x.startswith(("  bytes:",
+                                                                          "  reads:",
+                                                                          "throughput:"))]
+            print(f"# box run {i}: {received / 1e6:.1f} MB received by the box's hosts (load "
+                  f"{os.getloadavg()[0]:.1f}); " + "; ".join(x.strip() for x in lines),
+                  file=sys.stderr, flush=True)
+    finally:
+        take_down(box)
+        shutil.rmtree(workdir, ignore_errors=True)
+    first, second = runs
+    ratio = second.received / first.received if first.received else float("nan")
+    equal = (first.record.get("histogram") == second.record.get("histogram")
+             and first.record.get("events") == second.record.get("events"))
+    network = int(second.reads.get("near_bytes", 0)) + int(second.reads.get("far_bytes", 0))
+    print(f"\n{common.machine_info()}")
+    print(f"box: {args.box_racks} racks x {args.box_hosts_per_rack} hosts, one 1-core worker "
+          f"per rack host; {args.box_files} files x {args.box_events:,} events (zstd, "
+          f"{size / 1e6:.0f} MB); input_cache_mb = {args.box_cache_mb:g}\n")
+    print("| run | MB received by the box's hosts (kernel) | MB read from servers (datavine) "
+          "| MB from workers' disks | wall s |")
+    print("|---|---|---|---|---|")
+    for i, r in enumerate(runs, start=1):
+        served = int(r.reads.get("near_bytes", 0)) + int(r.reads.get("far_bytes", 0))
+        print(f"| {i} | {r.received / 1e6:.1f} | {served / 1e6:.2f} | "
+              f"{int(r.reads.get('disk_bytes', 0)) / 1e6:.1f} | {r.record.get('wall_s')} |")
+    print(common.kv_line({
+        "box_rerun_bytes_ratio": f"{ratio:.4f}",
+        "box_first_mb": f"{first.received / 1e6:.1f}",
+        "box_second_mb": f"{second.received / 1e6:.1f}",
+        "box_second_disk_mb": f"{int(second.reads.get('disk_bytes', 0)) / 1e6:.1f}",
+        "box_second_server_mb": f"{network / 1e6:.2f}",
+        "box_results_equal": equal}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compression", choices=("both", "lzma", "zstd"), default="both")
@@ -179,8 +296,19 @@ def main() -> int:
                              "stops its original, and a capped child stopped mid-call "
                              "takes its worker's cache with it")
     parser.add_argument("--data-dir", type=Path, default=common.REPO / "build" / "bench-data")
+    parser.add_argument("--box", action="store_true",
+                        help="measure the input-bytes cache on the box instead (root)")
+    parser.add_argument("--box-files", type=int, default=16)
+    parser.add_argument("--box-events", type=int, default=100_000)
+    parser.add_argument("--box-racks", type=int, default=2)
+    parser.add_argument("--box-hosts-per-rack", type=int, default=2)
+    parser.add_argument("--box-cache-mb", type=float, default=1024.0)
+    parser.add_argument("--box-timeout", type=float, default=300.0)
+    parser.add_argument("--box-data-dir", type=Path, default=common.RUNS.parent / "box-data")
     args = parser.parse_args()
     common.setup()
+    if args.box:
+        return box_rerun(args)
     print(f"# {common.machine_info()}", file=sys.stderr, flush=True)
     kinds = ("lzma", "zstd") if args.compression == "both" else (args.compression,)
     chunks_of = {}
