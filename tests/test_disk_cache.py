@@ -225,3 +225,14 @@ def test_the_worker_tells_once_which_files_its_disk_holds(
     cache.max_bytes = 1  # everything evicted: the name goes with the last range
     cache.enforce()
     assert disk_cache.held_names(cache.root) == [] and not any(cache.root.iterdir())
+
+
+def test_a_facility_file_sets_the_bound(tmp_path: Path) -> None:
+    from datavine.deploy.facility import FacilityError, load_facility
+
+    path = tmp_path / "facility.toml"
+    path.write_text('[manager]\nhost = "mgr.example.org"\n\n[run]\ninput_cache_mb = 4096\n')
+    assert load_facility(path).run.input_cache_mb == 4096.0
+    path.write_text('[manager]\nhost = "mgr.example.org"\n\n[run]\ninput_cache_mb = -5\n')
+    with pytest.raises(FacilityError, match="input_cache_mb"):
+        load_facility(path)

@@ -75,3 +75,29 @@ def test_a_rerun_reads_nothing_but_headers_from_the_shards(
     assert served["disk"] == warm.reads.disk_bytes and served["memory"] == 0
     line = next(x for x in warm.lines() if x.startswith("  bytes:"))
     assert f"{warm.reads.disk_bytes / 2**20:,.1f} MB from their disk" in line, line
+
+
+def test_an_uproot_handler_reads_through_the_disk_too(
+        xcache_testbed: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """coffea's and dask-awkward's way in (``handler=DatavineSource``: the read layer's
+    ``open_source``), in this process with a bundle's read context: the second open of a
+    file is served from the disk but for its header."""
+    import uproot
+
+    from datavine.coffea import DatavineSource
+    from datavine.io import disk_cache
+    from datavine.io.reading import reading
+
+    monkeypatch.setenv("WORKER_TMPDIR", str(tmp_path / "worker" / "temp"))
+    monkeypatch.setattr(disk_cache, "_cache", None)
+    url = xcache_testbed.origin_url + "/" + xcache_lfns()[0]
+    seen = []
+    for _ in range(2):
+        with reading(xcache_testbed.shard_map(), input_cache_mb=16) as ctx:
+            with uproot.open(url, handler=DatavineSource) as f:
+                seen.append(f["Events"].arrays(["Jet_pt"], library="np")["Jet_pt"])
+            (record,) = [r for r in ctx.records() if r.server != "memory"]
+        assert record.bytes + record.disk > 10 * HEADER
+        if len(seen) == 2:
+            assert record.bytes == HEADER and record.disk > 0
+    assert (seen[0] == seen[1]).all()
