@@ -63,7 +63,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                "live view's feed, the progress bar and result hooks stall"),
     Capability("password-hmac", "the HMAC-SHA256 password exchange", "patch 0012",
                "the password exchange is dttools' sha1 one: a client without the password "
-               "reflects the manager's challenge and is let in as a worker"),
+               "reflects the manager's challenge and is let in as a worker, and datavine's "
+               "own queries of the manager (a pool's status and its wait for workers) "
+               "refuse to speak it"),
     Capability("handshakes-off-loop", "handshakes off the wait loop",
                "patch 0013",
                "each new connection is authenticated inside the wait loop: a silent client "

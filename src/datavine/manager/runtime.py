@@ -181,7 +181,7 @@ class Runtime:
         run = GraphRun(self, graph, self.run_config, sink=self.event_sink,
                        on_results=self._publish if self._result_hooks else None)
         # what this TaskVine lacks, in the summary's notes (datavine doctor says the same)
-        run.state.summary.notes.extend(self.taskvine.capabilities.lines())
+        run.state.summary.notes.extend(self.taskvine.capability_lines())
         values = run.execute()
         return graphs.pack_results(keys, values)
 

@@ -319,6 +319,14 @@ class TaskVinePort:
         stats = self._stats()
         return int(stats.workers_joined), int(stats.workers_removed)
 
+    def capability_lines(self) -> list[str]:
+        """What this TaskVine lacks, one line each (:meth:`Capabilities.lines`); whether it
+        lists workers' features is looked up once, when a worker is connected."""
+        record = self.capabilities
+        if record.found.get("worker-features") is None and self.connected_workers():
+            self.worker_list()  # the record learns from it
+        return record.lines()
+
     def worker_list(self) -> object:
         """TaskVine's list of connected workers (~10 ms at 256 workers). Each entry has the
         worker's ``hostname``, ``addrport`` and resources, and, with datavine's TaskVine
