@@ -42,10 +42,12 @@ def fresh_cache() -> Iterator[ColumnCache]:
     cache.clear()
     cache.take_dropped()
     cache.resize(0)
+    cache.room = None
     yield cache
     cache.clear()
     cache.take_dropped()
     cache.resize(0)
+    cache.room = None
 
 
 def cold(path: Path, start: int, stop: int) -> dict[str, ak.Array]:
@@ -309,3 +311,56 @@ def test_coffea_buffers_tell_a_copy_from_its_original(files: list[Path], tmp_pat
         records = ctx.records()
     assert f"{files[0]}@0-100" in {r.lfn for r in records}
     assert WorkerBuffers().get(key) is None  # outside a bundle: nothing
+
+
+def test_settle_keeps_less_rather_than_handing_memory_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over its RSS bound (and under TRIM_OVER x it), the cache keeps less from then on and
+    the memory stays with the process; only past TRIM_OVER x the bound is it trimmed."""
+    trims: list[int] = []
+    state = {"rss": 0, "free": 0}
+    monkeypatch.setattr(column_cache, "rss_bytes", lambda: state["rss"])
+    monkeypatch.setattr(column_cache, "heap_free_bytes", lambda: state["free"])
+    monkeypatch.setattr(column_cache, "trim", lambda: trims.append(1))
+    mb, limit = column_cache.MB, 100 * column_cache.MB
+    cache = ColumnCache(max_bytes=64 * mb)
+    for i in range(4):
+        cache.put(ColumnKey("f", "Events", f"b{i}", "default", 0, 1), i, 10 * mb, f"/f@{i}-{i + 1}")
+    state.update(rss=limit + 9 * mb, free=4 * mb)  # in use: 5 MB over
+    assert column_cache.settle(cache, limit) == 10 * mb and cache.room == 35 * mb
+    assert cache.bytes == 30 * mb and trims == []  # the memory stays, for the next reads
+    state.update(rss=limit - 20 * mb, free=0)  # under its room: the room stays
+    assert column_cache.settle(cache, limit) == 0 and cache.room == 35 * mb
+    cache.put(ColumnKey("f", "Events", "b9", "default", 0, 1), 9, 5 * mb, "/f@9-10")
+    assert column_cache.settle(cache, limit) == 0 and cache.room == 45 * mb  # grows by half
+    state.update(rss=int(1.2 * limit))  # near the child's replacement: handed back
+    assert column_cache.settle(cache, limit) == 35 * mb and trims and cache.room == 0
+    assert cache.bytes == 0 and cache.max_bytes == 64 * mb
+
+
+def test_a_bundle_bound_is_the_smaller_of_its_budget_and_the_room(
+        fresh_cache: ColumnCache) -> None:
+    fresh_cache.room = 5 * column_cache.MB
+    assert column_cache.configure(64 * column_cache.MB).max_bytes == 5 * column_cache.MB
+    fresh_cache.room = None
+    assert column_cache.configure(64 * column_cache.MB).max_bytes == 64 * column_cache.MB
+
+
+def test_with_the_cache_on_freed_arrays_are_reused_not_faulted_in_again(
+        fresh_cache: ColumnCache) -> None:
+    """A kept column is never freed, so glibc's mmap threshold stayed low and every large
+    array was fresh pages (a fault per 4 KiB); keep_heap serves them from the heap."""
+    import resource
+
+    column_cache.configure(64 * column_cache.MB)
+
+    def faults_of_a_fresh_array() -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        array = np.ones(3 * column_cache.MB // 8)  # 3 MiB: 768 pages
+        array[::512] = 2.0
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        del array
+        return after - before
+
+    faults_of_a_fresh_array()
+    assert min(faults_of_a_fresh_array() for _ in range(3)) < 100

@@ -19,9 +19,17 @@ device, inode, size and modification time, a URL's ROOT UUID, so a file rewritte
 same path is never served from the cache), the tree, the branch, its interpretation and the
 entry range. The bound is set per bundle by the manager (``BundleSpec.cache_mb``: a share
 of the bundle's memory cap, :meth:`datavine.config.RunConfig.column_cache_budget_mb`), so the
-cache is counted inside the cap: a bundle whose budget shrank evicts first, and the freed
-memory is handed back to the system (``malloc_trim``) so that the process' RSS, which the
-cap watches, falls with it. A newer ``cache_epoch`` (``cluster.drop_caches()``) empties it.
+cache is counted inside the cap: a bundle whose budget shrank evicts first. When a bundle's
+reads are done, :func:`settle` holds the process under the RSS bound its next cap allows
+(``BundleSpec.cache_rss_mb``), mostly by keeping less from then on (``ColumnCache.room``):
+the memory the columns leave stays with the process, where the next reads reuse it. It is
+handed back to the system (``malloc_trim``) only when the RSS nears the share of the cap at
+which a capped child is replaced: fresh pages cost the next reads as much as decoding ZSTD
+does (a page fault per 4 KiB, ~0.75 ms per MB kept on the 2-core VM, measured), and
+trimming after every bundle made a run whose working set exceeds the cache ~40% slower in
+CPU than one without the cache. A newer ``cache_epoch`` (``cluster.drop_caches()``)
+empties it; its pages stay with the process too, so that a cold run after the drop reads
+into memory already there (a new process's first fill pays for its pages once).
 
 What a bundle did with the cache (bytes served, bytes decoded, the entry ranges it holds and
 those it dropped) is noted in its read context (:class:`datavine.io.reading.ReadContext`)
@@ -43,6 +51,10 @@ from typing import NamedTuple
 
 MB = 2**20
 GENERATION = "@cache/"  # the prefix of a cache's generation, as read records name it
+# settle hands freed memory back to the system only past this multiple of its RSS bound: a
+# capped child is replaced when it idles over 0.8 of its cap, and the bound is 0.7 of it
+# (worker.capped_child.RECYCLE_FRACTION over config.CACHE_RSS_SHARE: 1.14)
+TRIM_OVER = 1.1
 
 
 class ColumnKey(NamedTuple):
@@ -101,7 +113,10 @@ class ColumnCache:
     the whole interface of the read path; ``resize`` applies a bundle's budget, ``clear`` a
     drop. ``held`` is how many bytes each piece (:func:`piece_name`: a file's entry range)
     has here, ``pieces`` how many pieces of each file; ``dropped`` the pieces, and markers
-    (:func:`marker_name`) of files, that left since :meth:`take_dropped`.
+    (:func:`marker_name`) of files, that left since :meth:`take_dropped`. ``room``: the
+    bytes the process' RSS bound leaves the cache, learned by :func:`settle` (None: not
+    bound by it yet); :func:`configure` bounds the cache at the smaller of it and a
+    bundle's budget.
     """
 
     max_bytes: int = 0
@@ -112,6 +127,7 @@ class ColumnCache:
     stats: CacheStats = field(default_factory=CacheStats)
     epoch: int = 0
     dropped: set[str] = field(default_factory=set)  # pieces and markers that left, since asked
+    room: int | None = None
     pid: int = field(default_factory=os.getpid)
     # names this cache among the caches a worker ever had: a worker whose generation
     # changed (its library or capped child was replaced) holds nothing it reported before
@@ -156,15 +172,15 @@ class ColumnCache:
         return piece in self.held
 
     def resize(self, max_bytes: int) -> int:
-        """Bound the cache at ``max_bytes`` from now on; returns the bytes evicted."""
+        """Bound the cache at ``max_bytes`` from now on; returns the bytes evicted (their
+        memory stays with the process, for the next reads: :func:`settle` hands it back when
+        the RSS asks for it)."""
         self.max_bytes = max(0, int(max_bytes))
-        freed = self.evict_to(self.max_bytes)
-        if freed:
-            trim()
-        return freed
+        return self.evict_to(self.max_bytes)
 
     def clear(self) -> None:
-        """Drop every column (a cold cache; the counters start again)."""
+        """Drop every column (a cold cache; the counters start again). Their memory stays
+        with the process, where the next reads reuse it (see the module's docstring)."""
         self.dropped.update(self.held)
         self.dropped.update(marker_name(lfn) for lfn in self.pieces)
         self.entries.clear()
@@ -172,7 +188,6 @@ class ColumnCache:
         self.pieces.clear()
         self.bytes = 0
         self.stats = CacheStats()
-        trim()
 
     def take_dropped(self) -> set[str]:
         """Files whose columns all left since the last call (evicted or cleared)."""
@@ -224,7 +239,9 @@ def configure(max_bytes: int, epoch: int = 0) -> ColumnCache:
     if epoch > own.epoch:
         own.clear()
         own.epoch = epoch
-    own.resize(max_bytes)
+    if max_bytes > 0:
+        keep_heap()
+    own.resize(max_bytes if own.room is None else min(max_bytes, own.room))
     return own
 
 
@@ -238,22 +255,63 @@ def rss_bytes() -> int:
 
 
 def settle(cache: ColumnCache, rss_limit: int) -> int:
-    """Evict the least recently used columns until this process's RSS is at most
-    ``rss_limit`` bytes (or the cache is empty); returns the bytes evicted. Run when a
-    bundle's reads are done: the process then idles under the share of its next cap at
-    which a capped child would be replaced (its cache with it)."""
-    evicted = 0
+    """Hold this process under ``rss_limit`` bytes of RSS once a bundle's reads are done;
+    returns the bytes evicted. The process then idles under the share of its next cap at
+    which a capped child would be replaced (its cache with it).
+
+    The memory in use (the RSS less what the heap holds free, :func:`heap_free_bytes`) is
+    what the cache controls: over the bound, the cache keeps that much less from now on
+    (``cache.room``) and evicts it, the memory staying with the process for the next reads;
+    under it, a cache held back by its room may grow into half of what is left. Only an RSS
+    over ``TRIM_OVER`` x the bound is handed back to the system (``malloc_trim``), evicting
+    until under the bound, as the cap needs."""
     rss = rss_bytes()
-    if rss > rss_limit:
-        trim()  # what the bundle freed first
-        rss = rss_bytes()
+    if rss > TRIM_OVER * rss_limit:
+        return _hand_back(cache, rss, rss_limit)
+    used = rss - heap_free_bytes()
+    if used > rss_limit:
+        cache.room = max(0, cache.bytes - (used - rss_limit))
+        return cache.evict_to(cache.room)
+    if cache.room is not None and cache.bytes >= cache.room:
+        cache.room += (rss_limit - used) // 2
+    return 0
+
+
+def _hand_back(cache: ColumnCache, rss: int, rss_limit: int) -> int:
+    """Trim what the heap holds free, then evict the least recently used columns (and trim
+    again) until the RSS is at most ``rss_limit`` or the cache is empty; the cache's room is
+    what is left."""
+    evicted = 0
+    trim()
+    rss = rss_bytes()
     while rss > rss_limit and cache.entries:
         # evict what the excess asks for (at least a tenth of the cache), then look again
         step = max(rss - rss_limit, cache.bytes // 10, 1)
         evicted += cache.evict_to(max(0, cache.bytes - step))
         trim()
         rss = rss_bytes()
+    cache.room = cache.bytes
     return evicted
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def heap_free_bytes() -> int:
+    """The bytes glibc's main heap holds free (``mallinfo2().fordblks``: freed, still
+    resident, reused by the next allocations); 0 where it cannot be asked."""
+    libc = _lib()
+    if libc is None:
+        return 0
+    try:
+        mallinfo2 = libc.mallinfo2
+    except AttributeError:  # not glibc, or older than 2.33
+        return 0
+    mallinfo2.restype = _MallInfo2
+    return int(mallinfo2().fordblks)
 
 
 def file_identity(path: str, uuid: object = None) -> Hashable:
@@ -272,13 +330,46 @@ def file_identity(path: str, uuid: object = None) -> Hashable:
 
 
 _libc: ctypes.CDLL | None = None
+_no_libc = False
+
+
+def _lib() -> ctypes.CDLL | None:
+    """The C library (None where it cannot be loaded)."""
+    global _libc, _no_libc
+    if _libc is None and not _no_libc:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:
+            _no_libc = True
+    return _libc
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_HEAP_KEPT = False
+
+
+def keep_heap() -> None:
+    """Have glibc serve decoded arrays from its heap and keep what they free there, in this
+    process, once: a kept column is never freed, so glibc's dynamic threshold (which rises
+    as large blocks are freed) stayed at 128 KiB, and every array over it was a fresh
+    ``mmap`` whose pages faulted in one by one, each time (~0.75 ms per MB on the 2-core VM;
+    the same reads without the cache reuse the memory the last chunk freed). Large blocks
+    (up to 32 MiB, glibc's most) now come from the heap, freed memory stays there for the
+    next reads, and :func:`settle` hands it back when the RSS asks for it (:func:`trim`)."""
+    global _HEAP_KEPT
+    libc = _lib()
+    if _HEAP_KEPT or libc is None:
+        return
+    with contextlib.suppress(AttributeError):
+        libc.mallopt(M_MMAP_THRESHOLD, 32 * MB)
+        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    _HEAP_KEPT = True
 
 
 def trim() -> None:
     """Hand freed heap memory back to the system (glibc ``malloc_trim``), so the RSS the
     memory cap watches falls when columns are evicted; a no-op elsewhere."""
-    global _libc
-    with contextlib.suppress(OSError, AttributeError):
-        if _libc is None:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        _libc.malloc_trim(0)
+    libc = _lib()
+    with contextlib.suppress(AttributeError):
+        if libc is not None:
+            libc.malloc_trim(0)
