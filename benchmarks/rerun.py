@@ -54,6 +54,7 @@ import shutil
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,127 @@ def box_rerun(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- coffea: a Runner called twice through one DatavineExecutor ---------------------------
+@dataclass
+class CoffeaRerun:
+    compression: str
+    cold: list[float] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)
+    hits: list[float] = field(default_factory=list)  # the warm calls' hit fractions
+    equal: bool = True
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(c / w for c, w in zip(self.cold, self.warm, strict=True))
+
+
+def coffea_processor(jet_pt: float) -> Any:
+    """A coffea processor: HT of the jets over ``jet_pt`` (|eta| < 2.4) and MET histograms,
+    events and events with >= 4 such jets; two cuts read the same branches. Made here, with
+    the benchmarks' folder moved to the end of ``sys.path``: its ``coffea.py`` would
+    otherwise stand for the coffea package."""
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here] + [str(here)]
+    import awkward as ak
+    import hist
+    from coffea import processor
+
+    class JetSelection(processor.ProcessorABC):  # pickled by value: defined in a function
+        def __init__(self, cut: float) -> None:
+            self.cut = cut
+
+        def process(self, events: Any) -> dict[str, Any]:
+            jets = events.Jet
+            good = jets[(jets.pt > self.cut) & (abs(jets.eta) < 2.4)]
+            ht = hist.Hist.new.Reg(50, 0, 1500, name="ht").Double()
+            ht.fill(ht=ak.to_numpy(ak.sum(good.pt, axis=1)))
+            met = hist.Hist.new.Reg(40, 0, 400, name="met").Double()
+            met.fill(met=ak.to_numpy(events.MET.pt))
+            return {"events": len(events), "four_jets": int(ak.sum(ak.num(good) >= 4)),
+                    "ht": ht, "met": met}
+
+        def postprocess(self, accumulator: Any) -> Any:
+            return accumulator
+
+    return JetSelection(jet_pt)
+
+
+def coffea_same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (a["events"] == b["events"] and a["four_jets"] == b["four_jets"]
+            and all((a[h].values(flow=True) == b[h].values(flow=True)).all()
+                    for h in ("ht", "met")))
+
+
+def coffea_rerun(compression: str, args: argparse.Namespace) -> CoffeaRerun:
+    """Per round: ``drop_caches()``, then one ``processor.Runner`` called twice through one
+    ``DatavineExecutor`` on the cluster, the cuts swapping (jet pT 25 or 30 GeV); each call
+    timed whole (the first preprocesses the files, the second finds their metadata in the
+    Runner's cache); each warm result checked against a cold call of the same cut."""
+    cuts = (25.0, 30.0)
+    coffea_processor(cuts[0])  # sys.path as coffea needs it, before coffea is imported
+    from coffea import processor
+    from coffea.nanoevents import NanoAODSchema
+
+    from datavine.coffea import DatavineExecutor
+
+    paths = analysis.dataset(args.data_dir, compression, args.files * args.events_per_file,
+                             args.files, 2)
+    fileset = {"ttbar": [str(p) for p in paths]}
+    out = CoffeaRerun(compression)
+    cold_of: dict[float, dict[str, Any]] = {}
+    warm_of: list[tuple[float, dict[str, Any]]] = []
+    with cluster_for(args, f"rerun-coffea-{compression}") as cluster:
+        executor = DatavineExecutor(cluster=cluster, status=False)
+
+        def call(runner: Any, cut: float) -> tuple[float, dict[str, Any]]:
+            started = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # generated files lack cross-references
+                result = runner(fileset, treename="Events",
+                                processor_instance=coffea_processor(cut))
+            return time.perf_counter() - started, result
+
+        for i in range(args.rounds):
+            first, second = cuts[i % 2], cuts[(i + 1) % 2]
+            cluster.drop_caches()
+            runner = processor.Runner(executor=executor, schema=NanoAODSchema,
+                                      chunksize=args.chunk_events)
+            cold_s, cold = call(runner, first)
+            warm_s, warm = call(runner, second)
+            hits = cluster.last_summary.cache.hit_fraction if cluster.last_summary else 0.0
+            out.cold.append(cold_s)
+            out.warm.append(warm_s)
+            out.hits.append(hits)
+            cold_of.setdefault(first, cold)
+            warm_of.append((second, warm))
+            print(f"# coffea {compression} round {i + 1}: cold {cold_s:.2f} s, warm "
+                  f"{warm_s:.2f} s, hits {hits:.3f} (load {os.getloadavg()[0]:.1f})",
+                  file=sys.stderr, flush=True)
+        for cut, warm in warm_of:
+            if cut not in cold_of:  # one round: that cut cold too
+                cluster.drop_caches()
+                runner = processor.Runner(executor=executor, schema=NanoAODSchema,
+                                          chunksize=args.chunk_events)
+                cold_of[cut] = call(runner, cut)[1]
+            out.equal &= coffea_same(warm, cold_of[cut])
+    return out
+
+
+def print_coffea(results: list[CoffeaRerun], pairs: dict[str, object]) -> None:
+    """The coffea part's table, and its figures into ``pairs``."""
+    print("\ncoffea: a Runner called twice through one DatavineExecutor\n")
+    print("| compression | cold s (each round) | warm s | speedup (median) | warm hit fraction "
+          "(lowest) | warm = cold |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r.compression} | {' '.join(f'{t:.2f}' for t in r.cold)} | "
+              f"{' '.join(f'{t:.2f}' for t in r.warm)} | {r.speedup:.2f}x | "
+              f"{min(r.hits):.3f} | {r.equal} |")
+        pairs[f"coffea_rerun_speedup_{r.compression}"] = f"{r.speedup:.2f}"
+    pairs["coffea_hit_fraction"] = f"{min(h for r in results for h in r.hits):.3f}"
+    pairs["coffea_results_equal"] = all(r.equal for r in results)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compression", choices=("both", "lzma", "zstd"), default="both")
@@ -296,6 +418,9 @@ def main() -> int:
                              "stops its original, and a capped child stopped mid-call "
                              "takes its worker's cache with it")
     parser.add_argument("--data-dir", type=Path, default=common.REPO / "build" / "bench-data")
+    parser.add_argument("--coffea", choices=("both", "lzma", "zstd", "none"), default="none",
+                        help="also a coffea Runner called twice through one "
+                             "DatavineExecutor (coffea_rerun_speedup_*=)")
     parser.add_argument("--box", action="store_true",
                         help="measure the input-bytes cache on the box instead (root)")
     parser.add_argument("--box-files", type=int, default=16)
@@ -322,6 +447,8 @@ def main() -> int:
     results = [rerun(kind, chunks_of[kind], args) for kind in kinds]
     small, off = (degrade(chunks_of[args.degrade], args) if args.degrade != "none"
                   else ([], []))
+    coffea_kinds = {"both": ("lzma", "zstd"), "none": ()}.get(args.coffea, (args.coffea,))
+    coffea_results = [coffea_rerun(kind, args) for kind in coffea_kinds]
 
     print(f"\n{common.machine_info()}")
     print(f"{args.workers} workers x 1 core, {args.files} files x {args.events_per_file} events, "
@@ -352,6 +479,8 @@ def main() -> int:
     pairs["overruns"] = sum(t.overruns for r in results for t in (*r.cold, *r.warm))
     pairs["degrade_ratio"] = f"{ratio:.3f}"
     pairs["results_equal"] = all(r.equal for r in results)
+    if coffea_results:
+        print_coffea(coffea_results, pairs)
     print(common.kv_line(pairs))
     return 0
 
