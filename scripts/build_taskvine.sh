@@ -3,6 +3,7 @@
 # project, against the project's own Python.
 #
 #   scripts/build_taskvine.sh [--prefix DIR] [--python PY] [--stock]
+#   scripts/build_taskvine.sh --check-series   # does the series apply to what the mirror has?
 #
 # - The orig tarball is fetched with apt's own downloader from the Debian mirror that is
 #   already configured in this machine's apt sources (never a hard-coded host), and its
@@ -24,18 +25,22 @@
 #   upstream generates them (the GIL held), into build/cctools-stock by default and never
 #   linked into the python (no .pth: the stock lane puts it first on PYTHONPATH, with
 #   DATAVINE_CCTOOLS, see scripts/test.sh). What datavine loses on it: `datavine doctor`.
+# - --check-series: fetch every cctools version the mirror's source indices list (sid,
+#   testing, experimental, trixie; checksums from the signed indices) and say, patch by
+#   patch, whether the series applies to each (scripts/check_patch_series.sh); builds nothing.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MAIN_PREFIX="$ROOT/build/cctools"
 PREFIX=""
 PYTHON="$ROOT/.venv/bin/python"
-STOCK=0
+STOCK=0 CHECK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) PREFIX=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
     --stock) STOCK=1; shift ;;
+    --check-series) CHECK=1; shift ;;
     *) echo "build_taskvine: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -130,7 +135,7 @@ release_gil() {  # in the unpacked source: SWIG wraps every call in Py_BEGIN_ALL
   fi
 }
 
-if stamp_matches; then
+if [ "$CHECK" = 0 ] && stamp_matches; then
   say_used "reusing"
   [ "$STOCK" = 1 ] || link_python
   exit 0
@@ -154,8 +159,10 @@ mirror=${mirror%/}
 APTDIR="$ROOT/build/apt-src"
 mkdir -p "$APTDIR/lists/partial" "$ROOT/build/downloads"
 : > "$APTDIR/sources.list"
-for pin in "${PINS[@]}"; do
-  read -r _ suite _ <<<"$pin"
+SUITES=()
+for pin in "${PINS[@]}"; do read -r _ suite _ <<<"$pin"; SUITES+=("$suite"); done
+[ "$CHECK" = 1 ] && SUITES+=(testing experimental)  # anything newer than the pins
+for suite in "${SUITES[@]}"; do
   echo "deb-src $mirror $suite main" >> "$APTDIR/sources.list"
 done
 APTOPT=(-o "Dir::Etc::SourceList=$APTDIR/sources.list" -o Dir::Etc::SourceParts=/dev/null
@@ -166,25 +173,49 @@ available=$(apt-cache "${APTOPT[@]}" showsrc cctools 2>/dev/null | awk '/^Versio
 directory=$(apt-cache "${APTOPT[@]}" showsrc cctools 2>/dev/null | awk '/^Directory:/ {print $2; exit}' || true)
 directory=${directory:-pool/main/c/cctools}
 
-tarball=""
-for pin in "${PINS[@]}"; do
-  read -r version suite sha <<<"$pin"
-  file="$ROOT/build/downloads/cctools_$version.orig.tar.xz"
+fetch() {  # fetch VERSION SHA256: the verified orig tarball's path on stdout, or fail
+  local version=$1 sha=$2 file="$ROOT/build/downloads/cctools_$1.orig.tar.xz"
   if [ -f "$file" ] && echo "$sha  $file" | sha256sum -c --quiet - 2>/dev/null; then
-    tarball=$file; break
+    echo "$file"; return 0
   fi
-  if ! grep -q ":$version-" <<<"$available"; then
-    log "cctools $version ($suite) is not in the mirror's index; trying the next version"
-    continue
+  if ! grep -q "^\([0-9]*:\)\?$version-" <<<"$available"; then
+    log "cctools $version is not in the mirror's index"
+    return 1
   fi
-  log "fetching cctools $version ($suite) from $mirror"
+  log "fetching cctools $version from $mirror"
   if /usr/lib/apt/apt-helper download-file "$mirror/$directory/cctools_$version.orig.tar.xz" \
        "$file.part" "SHA256:$sha" >"$APTDIR/fetch-$version.log" 2>&1 \
      && echo "$sha  $file.part" | sha256sum -c --quiet -; then
-    mv "$file.part" "$file"; tarball=$file; break
+    mv "$file.part" "$file"; echo "$file"; return 0
   fi
   rm -f "$file.part"
   log "cctools $version: download or checksum failed (see $APTDIR/fetch-$version.log)"
+  return 1
+}
+
+if [ "$CHECK" = 1 ]; then  # every upstream version the indices list, newest first
+  listed=$(apt-cache "${APTOPT[@]}" showsrc cctools 2>/dev/null | awk '
+    /^Version:/ {v = $2; sub(/^[0-9]+:/, "", v); sub(/-[^-]*$/, "", v)}
+    /^Checksums-Sha256:/ {sums = 1; next}
+    sums && /^ / {if ($3 == "cctools_" v ".orig.tar.xz") print v, $1; next}
+    {sums = 0}' | sort -u | sort -rV)
+  [ -n "$listed" ] || die "the mirror's source indices list no cctools (see $APTDIR/update.log)"
+  log "cctools versions in the mirror's source indices (${SUITES[*]}): $(cut -d' ' -f1 \
+    <<<"$listed" | paste -sd' ' -); the newest is $(head -1 <<<"$listed" | cut -d' ' -f1)"
+  tarballs=()
+  while read -r version sha; do
+    file=$(fetch "$version" "$sha") && tarballs+=("$file")
+  done <<<"$listed"
+  [ ${#tarballs[@]} -gt 0 ] || die "no listed cctools version could be fetched and verified"
+  exec bash "$ROOT/scripts/check_patch_series.sh" "${tarballs[@]}"
+fi
+
+tarball=""
+for pin in "${PINS[@]}"; do
+  read -r version suite sha <<<"$pin"
+  tarball=$(fetch "$version" "$sha") && break
+  log "cctools $version ($suite) cannot be used; trying the next version"
+  tarball=""
 done
 [ -n "$tarball" ] || die "no supported cctools version could be fetched and verified (tried: ${PINS[*]%% *})"
 version=$(basename "$tarball" | sed 's/cctools_\(.*\)\.orig\.tar\.xz/\1/')
