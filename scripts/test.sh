@@ -18,8 +18,9 @@
 # 5. the stock lane: the same cctools source built without datavine's patches
 #    (scripts/build_taskvine.sh --stock: build/cctools-stock, ~30 s, reused when there),
 #    first on PYTHONPATH (DATAVINE_CCTOOLS names it), and the tests of what datavine does on
-#    it (STOCK_TESTS: dask and coffea runs, local pools, a facility's [racks], the
-#    degradations `datavine doctor` names, a test per assumption on the bindings).
+#    it (STOCK_TESTS: dask and coffea runs, local pools, a facility's [racks] here and on
+#    the box, the degradations `datavine doctor` names, a test per assumption on the
+#    bindings).
 # All four always happen; the exit code is non-zero if any failed.
 # Each pytest run is bounded (a hung test must not hold CI for hours): after
 # DATAVINE_TEST_TIMEOUT seconds (default 1500 for .venv, 600 for .venv-legacy and for the

@@ -121,3 +121,31 @@ def test_a_pool_that_must_check_the_manager_certificate_does_not_start(
     with pytest.raises(ConfigError, match=r"takes no --ssl-fingerprint \(TaskVine patch 0014"):
         pool.start()
     assert not pool.running
+
+
+@pytest.mark.box
+@pytest.mark.xcache
+def test_the_box_places_bundles_by_the_facility_racks(make_box, box_data,  # type: ignore[no-untyped-def]
+                                                      xcache_tools) -> None:
+    """On the facility in a box: workers started by hand on the rack hosts report no
+    features, yet the facility's [racks] (their host names) puts each in its rack, and every
+    chunk is read from its own rack's shard; the summary's notes name what is missing."""
+    import json
+
+    from datavine.deploy.box.facility import start_workers
+    from tests.fixtures_box import BOX_EVENTS, BOX_FILES
+
+    box = make_box(racks=2, hosts_per_rack=1, data=box_data)
+    start_workers(box)
+    record = box.dir / "run.json"
+    argv = [str(Path(sys.executable).parent / "datavine"), "run", "--facility",
+            str(box.dir / "facility.toml"), "--pool-workers", "2", "--data", str(box_data),
+            "--files", str(BOX_FILES), "--events", str(BOX_EVENTS), "--no-progress",
+            "--json", str(record), "--timeout", "150"]
+    done = box.run("mgr", argv, timeout_s=210, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(record.read_text())["summary"]
+    assert set(summary["hosts"]) == {"a1.box", "b1.box"}, summary["hosts"]
+    reads = summary["reads"]
+    assert reads["near_fraction"] == 1.0 and reads["far_bytes"] == 0, reads
+    assert sum(n.startswith("TaskVine lacks") for n in summary["notes"]) == len(CAPABILITIES)
