@@ -20,6 +20,10 @@ HAVE_TASKVINE = importlib.util.find_spec("ndcctools") is not None
 # The suite's clusters start no live view (a Bokeh process each) unless a test asks for one
 # (LocalCluster(dashboard=True): tests/test_dashboard_browser.py).
 os.environ.setdefault("DATAVINE_DASHBOARD", "0")
+# XCache testbeds on a tmpfs: their shards fsync each file's statistics when they detach it,
+# which a disk busy with the suite's other writes delays by tens of seconds
+if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+    os.environ.setdefault("DATAVINE_XCACHE_WORKDIR", "/dev/shm")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -90,7 +90,7 @@ def _accesses(stats, lfn: str) -> int:
     return sum(files[lfn].accesses for files in stats.shards.values() if lfn in files)
 
 
-def _wait_for(condition, timeout_s: float = 10.0) -> None:
+def _wait_for(condition, timeout_s: float = 60.0) -> None:  # a loaded disk delays .cinfo
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"

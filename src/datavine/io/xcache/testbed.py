@@ -78,6 +78,13 @@ def xcache_missing() -> str | None:
     return None
 
 
+# where a testbed without a ``workdir`` makes its folder (default: the system's temp folder).
+# A shard fsyncs a file's statistics (.cinfo) when it detaches the file: on a disk busy with
+# other writes that can take tens of seconds (ext4 commits the journal with them), so the
+# tests put their testbeds on a tmpfs (tests/conftest.py).
+WORKDIR_ENV = "DATAVINE_XCACHE_WORKDIR"
+
+
 class TestbedError(DatavineError):
     """A server of the testbed did not start or stop as expected; the message names its log."""
 
@@ -154,7 +161,8 @@ class XCacheTestbed:
         if self._user is not None:
             check_reachable(self.data_dir, self._user, need_read=True)
         if self._workdir_arg is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="datavine-xcache-"))
+            self.workdir = Path(tempfile.mkdtemp(prefix="datavine-xcache-",
+                                                 dir=os.environ.get(WORKDIR_ENV) or None))
             self.workdir.chmod(0o755)
             reaper().add_path(self.workdir)
         else:
