@@ -281,6 +281,27 @@ def box_rerun(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- the column cache's cost to a cold run -------------------------------------------------
+def cold_cost(chunks: list[agc.Chunk], args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Cold-run times with the column cache on and off: two clusters, ``drop_caches()``
+    before every run (each decodes every basket, the cache-on one also keeping them), one
+    run each first (imports), then ``--rounds`` x 2 runs each, the clusters alternating."""
+    on: list[float] = []
+    off: list[float] = []
+    with cluster_for(args, "rerun-cold-on") as cached, \
+            cluster_for(args, "rerun-cold-off", column_cache=False) as plain:
+        order = [(cached, on), (plain, off)]
+        for cluster, _ in order:
+            timed_run(cluster, chunks, SELECTIONS[0])
+        for i in range(2 * args.rounds):
+            for cluster, times in order if i % 2 == 0 else order[::-1]:
+                cluster.drop_caches()
+                times.append(timed_run(cluster, chunks, SELECTIONS[0]).seconds)
+            print(f"# cold cost round {i + 1}: cache on {on[-1]:.3f} s, off {off[-1]:.3f} s "
+                  f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    return on, off
+
+
 # --- coffea: a Runner called twice through one DatavineExecutor ---------------------------
 @dataclass
 class CoffeaRerun:
@@ -420,6 +441,9 @@ def main() -> int:
     parser.add_argument("--coffea", choices=("both", "lzma", "zstd", "none"), default="none",
                         help="also a coffea Runner called twice through one "
                              "DatavineExecutor (coffea_rerun_speedup_*=)")
+    parser.add_argument("--cold-cost", choices=("zstd", "lzma", "none"), default="none",
+                        help="also cold runs with the column cache on against off "
+                             "(cold_cost_ratio=: best on / best off)")
     parser.add_argument("--box", action="store_true",
                         help="measure the input-bytes cache on the box instead (root)")
     parser.add_argument("--box-files", type=int, default=16)
@@ -436,7 +460,8 @@ def main() -> int:
     print(f"# {common.machine_info()}", file=sys.stderr, flush=True)
     kinds = ("lzma", "zstd") if args.compression == "both" else (args.compression,)
     chunks_of = {}
-    for kind in (*kinds, *([args.degrade] if args.degrade != "none" else [])):
+    extra = [k for k in (args.degrade, args.cold_cost) if k != "none"]
+    for kind in (*kinds, *extra):
         if kind in chunks_of:
             continue
         paths = analysis.dataset(args.data_dir, kind, args.files * args.events_per_file,
@@ -448,6 +473,8 @@ def main() -> int:
                   else ([], []))
     coffea_kinds = {"both": ("lzma", "zstd"), "none": ()}.get(args.coffea, (args.coffea,))
     coffea_results = [coffea_rerun(kind, args) for kind in coffea_kinds]
+    cold_on, cold_off = (cold_cost(chunks_of[args.cold_cost], args)
+                         if args.cold_cost != "none" else ([], []))
 
     print(f"\n{common.machine_info()}")
     print(f"{args.workers} workers x 1 core, {args.files} files x {args.events_per_file} events, "
@@ -480,6 +507,12 @@ def main() -> int:
     pairs["results_equal"] = all(r.equal for r in results)
     if coffea_results:
         print_coffea(coffea_results, pairs)
+    if cold_on:
+        print(f"\ncold runs ({args.cold_cost}): cache on {' '.join(f'{s:.3f}' for s in cold_on)}"
+              f" s, off {' '.join(f'{s:.3f}' for s in cold_off)} s")
+        pairs["cold_cost_ratio"] = f"{min(cold_on) / min(cold_off):.3f}"
+        pairs["cold_cost_median_ratio"] = (
+            f"{statistics.median(cold_on) / statistics.median(cold_off):.3f}")
     print(common.kv_line(pairs))
     return 0
 
