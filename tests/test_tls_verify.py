@@ -273,7 +273,7 @@ def test_a_condor_pool_ships_the_ca_to_its_jobs(certs: Certs, tmp_path: Path,
 
 def _pool_workers(pgid: int | None) -> list[int]:
     """The vine_worker processes of a local pool (its factory's process group)."""
-    found = []
+    found: list[tuple[int, int]] = []  # (pid, parent)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -282,8 +282,11 @@ def _pool_workers(pgid: int | None) -> list[int]:
                 continue
             argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
             if Path(argv0.decode()).name == "vine_worker":
-                found.append(int(entry.name))
-    return found
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                found.append((int(entry.name), parent))
+    # a worker's own children (its transfer server, forked) carry its name: not workers
+    pids = {pid for pid, _ in found}
+    return [pid for pid, parent in found if parent not in pids]
 
 
 @taskvine
