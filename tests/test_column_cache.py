@@ -364,3 +364,23 @@ def test_with_the_cache_on_freed_arrays_are_reused_not_faulted_in_again(
 
     faults_of_a_fresh_array()
     assert min(faults_of_a_fresh_array() for _ in range(3)) < 100
+
+
+def test_a_bundle_says_how_much_cache_its_process_held_when_it_started(
+        files: list[Path]) -> None:
+    """Part of a bundle's peak is the cache its process already held: the result says how
+    much (``cache_mb``), and the memory policy leaves it out of what the task needs."""
+    from datavine.scheduler import graph as graphs
+    from datavine.worker.remote import execute_bundle
+
+    def bundle(start: int) -> BundleSpec:
+        chunk = agc.Chunk(str(files[0]), start, start + 5_000)
+        graph = graphs.build({"x": (agc.process_item, chunk)}, ["x"])
+        return BundleSpec(nodes=[("x", graph.nodes["x"])], outputs=["x"], inline_max=1 << 20,
+                          cache_mb=64.0)
+
+    first = execute_bundle(bundle(0))
+    assert first.ok and first.cache_mb == 0  # an empty cache before it
+    second = execute_bundle(bundle(5_000))
+    held = column_cache.cache().bytes
+    assert second.ok and 0 < second.cache_mb < held / column_cache.MB  # the first's columns

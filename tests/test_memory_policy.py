@@ -197,3 +197,30 @@ def test_learning_converges_to_the_largest_peak_with_headroom(policy: MemoryPoli
         assert state.cap_for("t") == policy.clamp(max(peaks) * policy.headroom)
     else:
         assert state.cap_for("t") >= min(policy.ceiling_mb, max(peaks))
+
+
+def test_a_learned_cap_leaves_the_column_cache_its_share_on_top() -> None:
+    state = MemoryState(POLICY, cache_share=0.5)
+    for peak in (300, 400, 350):
+        state.record_peak("f", peak)
+    # need 400 x 1.25 = 500; the cache's half of the cap on top: 1000
+    assert state.cap_for("f") == 1024
+    bounded = MemoryState(POLICY, cache_share=0.5, cache_mb=100)
+    for peak in (300, 400, 350):
+        bounded.record_peak("f", peak)
+    assert bounded.cap_for("f") == 640  # 500 + at most 100 MB of cache, rounded up
+
+
+def test_the_cache_a_process_held_is_not_a_tasks_need() -> None:
+    """A cap learned from peaks that held the cache squeezed it, run after run: the cache
+    part of a peak is left out, whatever the cache held."""
+    cached, plain = MemoryState(POLICY, cache_share=0.5), MemoryState(POLICY, cache_share=0.5)
+    for own, cache in ((300, 600), (400, 100), (350, 900)):
+        cached.record_peak("f", own + cache, cache)
+        plain.record_peak("f", own)
+    assert cached.cap_for("f") == plain.cap_for("f") == 1024
+    state = MemoryState(POLICY)
+    state.record_peak("f", 100, 500)  # a cache freed during the task: nothing below 0
+    assert state.categories["f"].max_peak_mb == 0
+    with pytest.raises(ValueError, match="cache_mb"):
+        state.record_peak("f", 100, -1)

@@ -42,7 +42,7 @@ from typing import (
 
 from datavine.errors import DatavineError
 
-PROTOCOL = 4  # bumped whenever a field of BundleSpec or BundleResult changes
+PROTOCOL = 5  # bumped whenever a field of BundleSpec or BundleResult changes
 
 
 class ProtocolError(DatavineError):
@@ -155,6 +155,9 @@ class BundleResult:
     server: str | None = None  # INPUT: the shard that failed under the read
     limit_s: float | None = None  # TIME: the limit the task ran past
     peak_mb: float = 0.0  # the bundle's memory peak
+    # the column cache its process held when it started (MB), a part of ``peak_mb`` that is
+    # not the bundle's own: what the memory policy learns leaves it out (scheduler/memory.py)
+    cache_mb: float = 0.0
     cap_mb: float | None = None  # the cap it ran under (None: uncapped)
     oom: bool = False  # MEMORY: killed by SIGKILL below its cap (an out-of-memory killer)
     crashed: bool = False  # ERROR: the bundle's process died (a signal), no task raised

@@ -130,15 +130,32 @@ class MemoryState:
 
     policy: MemoryPolicy = field(default_factory=MemoryPolicy)
     categories: dict[str, CategoryMemory] = field(default_factory=dict)
+    # the workers' column caches (RunConfig.column_cache_share / column_cache_mb, set by each
+    # run): a learned cap leaves them their room on top of what the bundles themselves need
+    cache_share: float = 0.0
+    cache_mb: float | None = None
 
     def cap_for(self, category: str) -> float:
-        """The cap to run the next task of ``category`` under."""
+        """The cap to run the next task of ``category`` under: learned, the largest peak a
+        bundle needed for itself (its column cache left out) x ``headroom``, and the column
+        cache's room on top: its share of the cap (``cache_share``; the cap is then the need
+        / (1 - share)), or ``cache_mb`` where that bounds it. A cap learned from peaks that
+        held the cache would squeeze it: caps settle where bundles and cache just fit, and
+        each run's cache fills less."""
         initial = self.policy.clamp(self.policy.initial_cap(category))
         known = self.categories.get(category)
         if known is None or known.samples == 0:
             return initial
-        learned = self.policy.clamp(known.max_peak_mb * self.policy.headroom)
+        need = known.max_peak_mb * self.policy.headroom
+        learned = self.policy.clamp(need + self.cache_room(need))
         return learned if known.samples >= self.policy.min_samples else max(initial, learned)
+
+    def cache_room(self, need_mb: float) -> float:
+        """The column cache's room (MB) above a bundle's own ``need_mb``."""
+        if not 0 < self.cache_share < 1:
+            return 0.0
+        share = need_mb * self.cache_share / (1 - self.cache_share)
+        return share if self.cache_mb is None else min(share, self.cache_mb)
 
     def dominant_category(self, categories: Iterable[str]) -> str:
         """The category with the largest cap: a bundle of tasks runs under its cap, and
@@ -150,9 +167,11 @@ class MemoryState:
             raise ValueError("dominant_category needs at least one category")
         return max(sorted(names), key=self.cap_for)
 
-    def record_peak(self, category: str, peak_mb: float) -> None:
-        """Learn from a task of ``category`` that finished with this peak."""
-        self._observe(category, _check_mb("peak_mb", peak_mb))
+    def record_peak(self, category: str, peak_mb: float, cache_mb: float = 0.0) -> None:
+        """Learn from a task of ``category`` that finished with this peak, of which
+        ``cache_mb`` was its process's column cache (not the task's own need)."""
+        own = _check_mb("peak_mb", peak_mb) - _check_mb("cache_mb", cache_mb)
+        self._observe(category, max(own, 0.0))
 
     def after_overrun(self, category: str, cap_mb: float, peak_mb: float) -> Decision:
         """A task of ``category`` was killed under ``cap_mb`` having reached ``peak_mb``."""

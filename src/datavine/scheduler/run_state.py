@@ -112,6 +112,9 @@ class RunState(BackupCopies):
         self.planner = Planner(graph, files=self.files_of, costs=learned.costs,
                                target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks,
                                priority=self._order(graph) if cfg.longest_first else None)
+        if learned.memory is not None:  # caps leave the column caches their room
+            learned.memory.cache_share = cfg.column_cache_share if cfg.column_cache else 0.0
+            learned.memory.cache_mb = cfg.column_cache_mb
         if cfg.racks is not None and learned.topology.racks is None:
             learned.topology.racks = cfg.racks  # for workers seen from now on
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
@@ -571,7 +574,7 @@ class RunState(BackupCopies):
         peak = result.peak_mb
         worker = self._note_worker(result, addrport, bundle)
         if self.learned.memory is not None and entry.cap_mb:
-            self.learned.memory.record_peak(entry.category, peak)
+            self.learned.memory.record_peak(entry.category, peak, min(result.cache_mb, peak))
         summary = self.summary
         fresh = self.delivered.first(bundle.keys)  # a task made again counts once
         fresh_in = Counter(graph.category(k) for k in fresh)

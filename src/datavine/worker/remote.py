@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import cloudpickle
 
+from datavine.io import column_cache
 from datavine.io.reading import is_input_error, reading, shard_health
 from datavine.protocol import BundleResult, BundleSpec, Key, ProtocolError, ReadRecordDict, Status
 from datavine.scheduler import labels
@@ -247,12 +248,15 @@ def execute_bundle(spec: BundleSpec) -> BundleResult:
     timing: dict[str, list[float]] = {}
     with reading(cast("ShardMap | None", spec.shardmap), spec.avoid, spec.cache_mb,
                  spec.cache_epoch, spec.cache_rss_mb, spec.input_cache_mb) as ctx:
+        held = column_cache.cache().bytes  # before the bundle: its peak holds it too
         result = _execute(spec.nodes, values, outputs, spec.categories, uses, timing,
                           spec.limits)
         if result.ok:
             result = _pack(values, outputs, spec.store, spec.inline_max, timing)
         result = dataclasses.replace(result, reads=[r.as_dict() for r in ctx.records()])
         shards = [opened[2] for opened in ctx.opened if opened[2] not in DIRECT_SERVERS]
+    if held:
+        result = dataclasses.replace(result, cache_mb=held / column_cache.MB)
     if result.status is Status.ERROR and result.os_error and shards:
         result = dataclasses.replace(result, status=Status.INPUT, server=shards[-1])
         shard_health().mark_failed(shards[-1], time.monotonic())
