@@ -142,12 +142,15 @@ class MemoryState:
         / (1 - share)), or ``cache_mb`` where that bounds it. A cap learned from peaks that
         held the cache would squeeze it: caps settle where bundles and cache just fit, and
         each run's cache fills less."""
+        return self._cap(category, cache=True)
+
+    def _cap(self, category: str, *, cache: bool) -> float:
         initial = self.policy.clamp(self.policy.initial_cap(category))
         known = self.categories.get(category)
         if known is None or known.samples == 0:
             return initial
         need = known.max_peak_mb * self.policy.headroom
-        learned = self.policy.clamp(need + self.cache_room(need))
+        learned = self.policy.clamp(need + (self.cache_room(need) if cache else 0.0))
         return learned if known.samples >= self.policy.min_samples else max(initial, learned)
 
     def cache_room(self, need_mb: float) -> float:
@@ -186,7 +189,9 @@ class MemoryState:
         if policy.at_ceiling(cap_mb):
             return GiveUp(f"a task of category {category!r} exceeded a cap of {cap_mb:.0f} MB, "
                           f"already at the ceiling (MemoryPolicy.ceiling_mb)")
-        wanted = max(cap_mb * policy.growth, needed * policy.headroom, self.cap_for(category))
+        # the retry runs in a fresh process, its cache empty: no room for one on top
+        wanted = max(cap_mb * policy.growth, needed * policy.headroom,
+                     self._cap(category, cache=False))
         return Retry(policy.clamp(wanted))
 
     def as_dict(self) -> dict[str, dict[str, float]]:
