@@ -1,7 +1,8 @@
 """A rerun served from the workers' disks (issue 30, item 3): real workers, real XCache shards.
 
-The session's XCache testbed (an origin and 4 shards on racks A, A, B, B serving 12 small
-files, ``tests/fixtures_xcache.py``) and a :class:`datavine.LocalCluster` of 2 workers, one
+An XCache testbed of this module's own (an origin and 4 shards on racks A, A, B, B serving
+the session's 12 small files, ``tests/fixtures_xcache.py``: the session's testbed expects
+them cold in its shards) and a :class:`datavine.LocalCluster` of 2 workers, one
 per rack, with the column cache off and the input-bytes cache on
 (``RunConfig(input_cache_mb=...)``). Each task reads one whole file with
 :func:`datavine.open_input`, on its shard. The first run fetches every byte from the shards
@@ -14,13 +15,14 @@ in its summary.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dask
 import pytest
 
 import datavine
-from tests.fixtures_xcache import xcache_lfns
+from tests.fixtures_xcache import RACKS, xcache_lfns
 
 pytestmark = [pytest.mark.taskvine, pytest.mark.xcache]
 
@@ -33,6 +35,16 @@ def read_file(url: str) -> tuple[int, float]:
     with datavine.open_input(url) as f:
         arrays = f["Events"].arrays(["Jet_pt", "nJet"], library="np")
     return len(arrays["nJet"]), float(arrays["Jet_pt"].sum())
+
+
+@pytest.fixture(scope="module")
+def xcache_testbed(xcache_tools: None, xcache_data: Path) -> Iterator[Any]:
+    """This module's shards: its reads warm them, and other modules expect the session's
+    testbed cold."""
+    from datavine.io.xcache.testbed import XCacheTestbed
+
+    with XCacheTestbed(xcache_data, n_shards=len(RACKS), racks=RACKS) as tb:
+        yield tb
 
 
 @pytest.fixture(scope="module")
