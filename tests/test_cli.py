@@ -192,6 +192,19 @@ def test_run_on_local_files(data_dir: Path, reference: ChunkResult, tmp_path: Pa
     assert "agc-chunk" in out  # the run summary, by task category
 
 
+def test_run_serves_metrics_where_asked(data_dir: Path, reference: ChunkResult,
+                                        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        ) -> None:
+    """``--metrics [ADDRESS:]PORT``: the manager's own /metrics listener, the view off."""
+    code, data, out = run_cli([*small_run(data_dir), "--no-xcache", "--no-dashboard",
+                               "--metrics", "0"], tmp_path, capsys)
+    assert code == 0, out
+    check_record(data, reference)
+    assert "metrics: http://127.0.0.1:" in out and "/metrics" in out, out
+    code, _, out = run_cli([*small_run(data_dir), "--metrics", "all"], tmp_path, capsys)
+    assert code != 0 and "--metrics='all'" in out, out
+
+
 @pytest.mark.taskvine
 @pytest.mark.xcache
 def test_run_through_xcache(data_dir: Path, reference: ChunkResult, tmp_path: Path,

@@ -159,6 +159,8 @@ BAD = [
     ('[racks]\nA = ["10.0.0.0/99"]\n', "racks.A", "not an address network"),
     ('[racks]\nA = ["a1.box"]\nB = ["a1.box"]\n', "racks", "in racks 'A' and 'B'"),
     ("[manager\nport = 1\n", "(file)", "not valid TOML"),
+    ('[metrics]\nlisten = "0.0.0.0:http"\n', "metrics.listen", "expected PORT or ADDRESS:PORT"),
+    ('[metrics]\nport = 9464\n', "metrics", "port"),
 ]
 
 
@@ -252,3 +254,15 @@ def test_debug_log_is_off_unless_the_facility_asks(tmp_path: Path) -> None:
     assert on.manager.debug_log is True
     with pytest.raises(FacilityError, match="debug_log"):
         load_facility(write(tmp_path, "[manager]\ndebug_log = 'yes'\n"), check_files=False)
+
+
+def test_a_facility_asks_for_the_managers_metrics_listener(tmp_path: Path) -> None:
+    from datavine.deploy.facility import FacilityCluster
+
+    assert load_facility(write(tmp_path, "")).metrics_listen is None
+    f = load_facility(write(tmp_path, '[metrics]\nlisten = "0.0.0.0:9464"\n'))
+    assert f.metrics_listen == ("0.0.0.0", 9464)
+    cluster = FacilityCluster(f)  # not started: its settings only
+    assert cluster.metrics_config is not None
+    assert (cluster.metrics_config.address, cluster.metrics_config.port) == ("0.0.0.0", 9464)
+    assert cluster.metrics_config.needs_token  # off loopback: a scrape needs the token

@@ -338,6 +338,7 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
     near their shard; local workers are then split over the shards' racks."""
     from datavine.apps.command_cluster import ClusterRequest, start_command_cluster
     from datavine.dashboard.launch import announce, option_from_args
+    from datavine.dashboard.metrics_listener import metrics_from_args
     from datavine.manager.cluster import LocalCluster
 
     if facility is not None:
@@ -351,7 +352,8 @@ def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace,
         timeout_s=args.timeout, memory_caps=not args.no_memory_caps,
         task_time_limit_s=args.task_time_limit, port=args.port, password_file=args.password,
         listen_host=args.listen_host, workers=args.workers, pool_workers=args.pool_workers,
-        connect_timeout_s=args.pool_timeout, dashboard=option_from_args(args)))
+        connect_timeout_s=args.pool_timeout, dashboard=option_from_args(args),
+        metrics=metrics_from_args(args)))
     cluster, run = chosen.cluster, chosen.cluster.run_config
     assert cluster.runtime is not None
     workers = cluster.runtime.connected_workers()

@@ -21,6 +21,7 @@ from datavine.deploy.local_workers import default_workers
 
 if TYPE_CHECKING:
     from datavine.dashboard.launch import DashboardConfig
+    from datavine.dashboard.metrics_listener import MetricsConfig
     from datavine.deploy.facility import Facility
     from datavine.io.shards import ShardMap
 
@@ -45,6 +46,8 @@ class ClusterRequest:
         run_dir_prefix: the name of the manager's temporary run directory.
         column_cache: ``False`` turns the workers' column caches off
             (``RunConfig.column_cache``); ``True`` keeps the run settings'.
+        metrics: the manager's own ``/metrics`` listener (``None``: ``DATAVINE_METRICS``,
+            else the facility file's ``[metrics] listen``, else none).
     """
 
     facility: Facility | None = None
@@ -65,6 +68,7 @@ class ClusterRequest:
     dashboard: bool | DashboardConfig | None = None
     run_dir_prefix: str = "datavine-run-"
     column_cache: bool = True
+    metrics: MetricsConfig | None = None
 
     def run_config(self) -> RunConfig:
         """The run settings: the facility's (or the defaults) with the command's (pure)."""
@@ -107,5 +111,7 @@ def start_command_cluster(stack: contextlib.ExitStack, request: ClusterRequest) 
                                        facility=request.facility,
                                        connect_timeout_s=request.connect_timeout_s,
                                        dashboard=request.dashboard)
+    if request.metrics is not None:  # before it starts: the listener starts with it
+        chosen.cluster.metrics_config = request.metrics
     launch.started(stack, chosen.cluster)
     return chosen

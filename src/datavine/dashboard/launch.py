@@ -230,6 +230,12 @@ def add_options(group: argparse._ArgumentGroup) -> None:
                        "carries)")
     group.add_argument("--dashboard-port", type=int, default=0, metavar="P",
                        help="its port (default: any free one)")
+    group.add_argument("--metrics", default=None, metavar="[ADDRESS:]PORT",
+                       help="serve Prometheus /metrics from the manager's process there, "
+                       "with or without the live view (default: DATAVINE_METRICS, else the "
+                       "facility file's [metrics] listen, else none; an ADDRESS other than "
+                       "127.0.0.1 requires a bearer token: DATAVINE_METRICS_TOKEN, else one "
+                       "made and written into the run directory)")
 
 
 def option_from_args(args: argparse.Namespace) -> bool | DashboardConfig | None:

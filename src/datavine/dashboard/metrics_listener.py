@@ -25,6 +25,7 @@ waits for the loop's next turn.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import secrets
@@ -111,6 +112,16 @@ def metrics_config(option: bool | MetricsConfig | None,
         return None
     address, port = parse_listen(listen)
     return MetricsConfig(address, port, token)
+
+
+def metrics_from_args(args: argparse.Namespace) -> MetricsConfig | None:
+    """The listener a command's ``--metrics [ADDRESS:]PORT`` asks for (``None``: not given;
+    the token from ``DATAVINE_METRICS_TOKEN``, else made at start). A bad value is a
+    :class:`~datavine.errors.ConfigError` naming the option."""
+    text = getattr(args, "metrics", None)
+    if text is None:
+        return None
+    return metrics_config(MetricsConfig(*parse_listen(text, "--metrics")))
 
 
 def metrics_missing() -> str | None:

@@ -189,7 +189,8 @@ LOCAL_WORKERS_KEYS: dict[str, Kind] = {"workers": _int, "cores": _int, "memory_m
                                        "disk_mb": _int, "features": _str_list,
                                        "racks": _str_list, "idle_timeout_s": _int}
 SECTIONS = ("manager", "run", "xcache", "racks", "memory", "placement", "pools",
-            "local_workers")
+            "local_workers", "metrics")
+METRICS_KEYS: dict[str, Kind] = {"listen": _str}
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,9 @@ class Facility:
     workers_timeout_s: float = 120.0  # how long to wait for the pools' pre-started workers
     ssl_ca: Path | None = None  # the pools' workers check the manager's certificate
     ssl_fingerprint: str | None = None  # against these ([manager] ssl_ca, ssl_fingerprint)
+    # the manager's own /metrics listener ([metrics] listen = "[ADDRESS:]PORT"), unless
+    # DATAVINE_METRICS or a command's --metrics says otherwise
+    metrics_listen: tuple[str, int] | None = None
 
     @property
     def prestarted_workers(self) -> int:
@@ -343,10 +347,24 @@ def load_facility(path: str | os.PathLike[str], *, check_files: bool = True) -> 
         workers_timeout_s=workers_timeout_s,
         ssl_ca=ssl_ca,
         ssl_fingerprint=ssl_fingerprint,
+        metrics_listen=_metrics(doc.get("metrics"), path),
     )
     if check_files and facility.pools:
         facility.worker_trust()  # a certificate to pin to that holds none fails here
     return facility
+
+
+def _metrics(table: object, path: Path) -> tuple[str, int] | None:
+    """``[metrics] listen``: where the manager's own ``/metrics`` listener listens."""
+    from datavine.dashboard.metrics_listener import parse_listen
+
+    listen = _read_table(table or {}, METRICS_KEYS, path, "metrics").get("listen")
+    if listen is None:
+        return None
+    try:
+        return parse_listen(str(listen), "listen")
+    except ConfigError as exc:
+        raise FacilityError(path, "metrics.listen", str(exc)) from None
 
 
 def _policy(cls: Callable[..., T], table: object, schema: Mapping[str, Kind], path: Path,
@@ -476,6 +494,10 @@ class FacilityCluster(Cluster):
                          min_workers=facility.prestarted_workers,
                          connect_timeout_s=facility.workers_timeout_s)
         self.facility = facility
+        if self.metrics_config is None and facility.metrics_listen is not None:
+            from datavine.dashboard.metrics_listener import MetricsConfig, metrics_config
+
+            self.metrics_config = metrics_config(MetricsConfig(*facility.metrics_listen))
         self.pool_dir = pool_dir  # None: the default (the one bound into the condor chroot)
         self.pools: list[FactoryPool] = []
         self.warm_up = warm_up

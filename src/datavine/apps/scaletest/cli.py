@@ -22,6 +22,7 @@ from datavine.apps import cli_types
 from datavine.apps.scaletest.run import COMPRESSIONS, POOLS, ScaleTestConfig, run_scale_test
 from datavine.config import ConfigError
 from datavine.dashboard.launch import option_from_args
+from datavine.dashboard.metrics_listener import metrics_from_args
 from datavine.deploy.signals import Terminated, handled, terminate_gracefully
 from datavine.errors import DatavineError
 
@@ -140,7 +141,7 @@ def config_from_args(args: argparse.Namespace) -> ScaleTestConfig:
         timeout_s=args.timeout,
         connect_timeout_s=args.connect_timeout, bin_s=args.bin, progress=args.progress,
         memory_caps=not args.no_memory_caps, column_cache=not args.no_column_cache,
-        dashboard=option_from_args(args),
+        dashboard=option_from_args(args), metrics=metrics_from_args(args),
         dashboard_html=None if args.no_dashboard else json_path(args).with_suffix(".html"))
 
 

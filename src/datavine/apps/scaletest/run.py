@@ -43,6 +43,7 @@ from datavine.scheduler.graph import Key, add_merge_tree
 if TYPE_CHECKING:
     from datavine.apps.command_cluster import ClusterRequest
     from datavine.dashboard.launch import DashboardConfig
+    from datavine.dashboard.metrics_listener import MetricsConfig
     from datavine.io.shards import ShardMap
     from datavine.manager.cluster import Cluster
     from datavine.scheduler.summary import RunSummary
@@ -88,6 +89,8 @@ class ScaleTestConfig:
             ``DATAVINE_DASHBOARD=0``; ``False``: none; a
             :class:`~datavine.dashboard.launch.DashboardConfig`).
         dashboard_html: save the processing run's view there (one HTML file).
+        metrics: the manager's own ``/metrics`` listener (``None``: ``DATAVINE_METRICS``,
+            else the facility file's, else none).
         memory_caps: run every bundle under datavine's memory caps, in the library's
             capped child (the default); ``False`` runs bundles in the library process.
         column_cache: the workers keep the columns they decoded
@@ -124,6 +127,7 @@ class ScaleTestConfig:
     progress: bool = False
     dashboard: bool | DashboardConfig | None = None
     dashboard_html: Path | None = None
+    metrics: MetricsConfig | None = None
     memory_caps: bool = True
     column_cache: bool = True
     drop_caches: bool = False
@@ -314,12 +318,13 @@ def cluster_request(config: ScaleTestConfig, shardmap: ShardMap | None) -> Clust
             progress=config.progress, timeout_s=config.timeout_s,
             memory_caps=config.memory_caps, pool_workers=config.n_workers if external else None,
             connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard,
-            column_cache=config.column_cache)
+            column_cache=config.column_cache, metrics=config.metrics)
     request = ClusterRequest(
         shardmap=shardmap, progress=config.progress, timeout_s=config.timeout_s,
         memory_caps=config.memory_caps, no_worker_timeout_s=max(60.0, config.connect_timeout_s),
         connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard,
-        run_dir_prefix="datavine-scaletest-", column_cache=config.column_cache)
+        run_dir_prefix="datavine-scaletest-", column_cache=config.column_cache,
+        metrics=config.metrics)
     if config.pool == "local":
         return replace(request, workers=config.n_workers, cores=config.cores,
                        memory_mb=config.memory_mb)
