@@ -15,14 +15,7 @@ from datavine.config import RunConfig
 from datavine.io.shards import ShardMap
 from datavine.protocol import BundleResult, Status
 from datavine.scheduler.pieces import task_pieces
-from datavine.scheduler.run_messages import (
-    CallWithdrawn,
-    Deliver,
-    Fail,
-    PoolSample,
-    Submit,
-    Withdraw,
-)
+from datavine.scheduler.run_messages import Deliver, Fail, PoolSample, Submit, Withdraw
 from datavine.scheduler.speculation import IdleWorker, Lanes, OutCall, choose, late
 from tests.test_run_state import CFG, Pool, of
 
@@ -229,44 +222,17 @@ def test_a_waiting_call_whose_worker_holds_its_columns_is_not_copied() -> None:
     assert of(Submit, pool.tick()) == []
 
 
-def test_by_default_a_waiting_call_is_moved_to_an_idle_worker_not_copied() -> None:
-    """RunConfig's default at a run's end: a call that waits behind another on time while a
-    worker idles is withdrawn (it has not started: nothing is lost) and sent to the idle
-    worker; no copy, no work done twice."""
+def test_by_default_a_waiting_call_is_copied_only_behind_a_late_one() -> None:
+    """RunConfig's default: a call that only waits behind another on time is not copied (no
+    tail stealing); behind a straggler it is, before the straggler itself."""
     pool = two_workers({("t", i): (plus, i, 10) for i in range(3)},
                        [("t", i) for i in range(3)], replace(SPEC, speculation_waiting=False))
     assert not RunConfig().speculation_waiting and RunConfig().speculation
-    pool.state.learned.costs.observe("t", 1, 1.0)  # measured: 1 s a task
-    c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
-    placed(pool, {c1: "w1", c2: "w1", c3: "w2"})
-    pool.finish(c3, "w2")
-    out = pool.tick(0.1)  # w2 idles, nothing else to send, c1 runs ~0.9 s more
-    assert of(Withdraw, out) == [Withdraw(c2, running=True)] and not of(Submit, out)
-    keys = pool.out.pop(c2).keys
-    out = pool.step(CallWithdrawn(c2)) + pool.tick()
-    (moved,) = of(Submit, out)
-    assert moved.keys == keys and moved.target.worker == "w2"
-    pool.finish(moved.call, "w2")
-    pool.finish(c1, "w1")
-    assert pool.state.finished
-    assert pool.state.results() == {("t", i): i + 10 for i in range(3)}
-    backups = pool.state.summary.backups
-    assert (backups.moved, backups.started) == (1, 0)
-    assert pool.state.summary.tasks == 3
-    assert any("moved to idle worker w2" in line.detail for line in pool.state.story(keys[0]))
-    assert any("moved:" in line for line in pool.state.summary.lines())
-
-
-def test_a_waiting_call_stays_when_the_one_ahead_ends_now_and_is_copied_behind_a_late_one(
-        ) -> None:
-    pool = two_workers({("t", i): (plus, i, 10) for i in range(3)},
-                       [("t", i) for i in range(3)], replace(SPEC, speculation_waiting=False))
     pool.state.learned.costs.observe("t", 1, 0.1)
     c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
     placed(pool, {c1: "w1", c2: "w1", c3: "w2"})
     pool.finish(c3, "w2")
-    out = pool.tick(0.06)  # c1 ends within 0.05 s: c2 starts there about as soon
-    assert not of(Submit, out) and not of(Withdraw, out)
+    assert of(Submit, pool.tick(0.1)) == []  # c2 only waits behind c1, which is on time
     # c1 is late now: c2 waits behind a straggler, and the one idle core takes its copy
     (copy,) = of(Submit, pool.tick(1.0))
     assert copy.keys == pool.out[c2].keys

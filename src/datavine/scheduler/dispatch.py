@@ -51,8 +51,6 @@ class Dispatcher:
         self.newly_held: list[Bundle] = []
         self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
         self.anywhere: set[Key] = set()  # tasks whose last try crashed: placed anywhere next
-        # tasks moved from behind another call to an idle worker: sent there next
-        self.pinned: dict[Key, str] = {}
         self.decisions = 0
         self._gains_read = topology.gains.end
         self._state: tuple[object, ...] = ()  # what every decision depends on (_catch_up)
@@ -81,13 +79,6 @@ class Dispatcher:
                     if not fresh:
                         break
                 bundle, since = fresh.popleft(), now
-            pin = self._pin(bundle)
-            if pin is not None:
-                self.topology.sent(pin)
-                out.append((bundle, pin, Placement("run", Tier.FAR, (pin.worker or "",),
-                                                   reason="moved to an idle worker")))
-                room -= 1
-                continue
             placement, home, task = self._place(bundle, now, since, held)
             self.decisions += 1
             if placement.action == "hold":
@@ -112,17 +103,6 @@ class Dispatcher:
             self.held.due(self.held.hold(bundle, now))
             self.newly_held.append(bundle)
         return out
-
-    def _pin(self, bundle: Bundle) -> Target | None:
-        """The named worker a moved bundle goes to (its pins are used up), if it is still
-        known; else None (placed as any other)."""
-        if not self.pinned:
-            return None
-        pins = {self.pinned.pop(k, None) for k in bundle.keys} - {None}
-        worker = pins.pop() if len(pins) == 1 else None
-        if worker is None or worker not in self.topology.workers:
-            return None
-        return self.topology.named(worker)
 
     def _catch_up(self, now: float) -> None:
         """Tell the held bundles what changed since the last fill: room gained (wakes the

@@ -19,10 +19,10 @@ from datavine.protocol import BundleResult
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle
 from datavine.scheduler.dispatch import Dispatcher
-from datavine.scheduler.inflight import Again, Inflight
+from datavine.scheduler.inflight import Inflight
 from datavine.scheduler.intermediates import Intermediates, Plan
 from datavine.scheduler.learned import Learned
-from datavine.scheduler.lifecycle import Lifecycle, Reason
+from datavine.scheduler.lifecycle import Lifecycle
 from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.run_messages import CallDone, Instruction, Withdraw
 from datavine.scheduler.speculation import Lanes, OutCall, choose, late
@@ -33,9 +33,6 @@ Key = Hashable
 # backup copies are looked for at most this often: each look walks the calls out (up to 2 a
 # core), ~13% of the manager's CPU at 256 workers when it ran at every loop turn of a tail
 SPECULATE_EVERY_S = 0.05
-# a call waiting behind one expected to end sooner than this is not moved: a move costs a
-# cancel and a send (a few ms each) and may catch the call as it starts
-MOVE_MIN_S = 0.05
 
 
 class BackupCopies:
@@ -55,13 +52,9 @@ class BackupCopies:
     copy_of: dict[int, int]  # call -> its copy
     copied_from: dict[int, int]  # copy -> the call it copies
     lanes: Lanes
-    _speculated_at: float  # when backup copies were last looked for
     _out: list[Instruction]
 
     # RunState's, used here
-    def _withdraw(self, call: int, again: Again, *, running: bool = False) -> None:
-        raise NotImplementedError
-
     def _send(self, bundle: Bundle, plan: Plan, target: Target, cap_mb: float | None,
               categories: Mapping[Key, str], avoid: tuple[str, ...] = ()) -> int:
         raise NotImplementedError
@@ -81,63 +74,22 @@ class BackupCopies:
     def _speculate(self, now: float, free: int) -> None:
         """Nothing more to send and ``free`` cores idle: copy calls that wait behind another
         in a busy worker's library, or run far past their expected time, onto idle workers."""
-        out, moves = [], set()
+        out = []
         for call, entry in self.inflight.items():
             worker = self.lanes.on.get(call)
             if worker is None or entry.again is not None or call in self.copy_of:
                 continue
             queued = self.lanes.queued(call)
-            if queued and not self._behind_late(worker, now):
-                if self._held_on(entry.bundle, worker):
-                    continue  # its worker holds its columns: it runs there soon
-                if not self.cfg.speculation_waiting:  # moved, not copied ...
-                    if self._ahead_ends(worker, now):
-                        continue  # ... unless it starts there about as soon
-                    moves.add(call)
+            if queued and not self._behind_late(worker, now) and (
+                    not self.cfg.speculation_waiting or self._held_on(entry.bundle, worker)):
+                continue  # (held: its worker holds its columns, it runs there soon)
             out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
                                self._expected(entry.bundle), self._files_rack(entry.bundle)))
         racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
         for chosen, worker in choose(out, self.lanes.idle(racks), now,
                                      late_factor=self.cfg.speculation_after,
                                      late_slack_s=self.cfg.speculation_slack_s)[:free]:
-            if chosen.call in moves:
-                self._move_call(chosen, worker)
-            else:
-                self._copy(chosen, worker)
-
-    def _leave_lane(self, call: int) -> None:
-        """``call`` is no longer out on its worker; a worker left with no call idles: the
-        next turn looks for a call to move or copy to it at once (not after
-        ``SPECULATE_EVERY_S``: the driver's next turn may be a call's whole run away)."""
-        worker = self.lanes.on.get(call)
-        self.lanes.remove(call, self.now)
-        if worker is not None and not self.lanes.lane.get(worker):
-            self._speculated_at = float("-inf")
-
-    def _ahead_ends(self, worker: str, now: float) -> bool:
-        """Whether a call running on ``worker`` may end within ``MOVE_MIN_S``: its expected
-        time is not known, or it has less than that left (or is past it: it may end any
-        moment, and the call behind it may have started already, unknown to the manager
-        until that result arrives). A call waiting behind it is not moved then."""
-        for call in self.lanes.lane.get(worker, ())[:self._cores_of(worker)]:
-            entry = self.inflight.get(call) or self.backups.get(call)
-            began = self.lanes.began.get(call)
-            expected = self._expected(entry.bundle) if entry is not None else None
-            if began is None or expected is None or began + expected - now < MOVE_MIN_S:
-                return True
-        return False
-
-    def _move_call(self, chosen: OutCall, worker: str) -> None:
-        """``chosen`` waits in a busy worker's library behind a call on time, while
-        ``worker`` idles and nothing else is left to send: it is withdrawn (it has not
-        started: patch 0015 skips it, its worker's process and cache live on) and sent to
-        ``worker`` (Dispatcher.pinned), not copied: no work is done twice."""
-        entry = self.inflight[chosen.call]
-        self.dispatch.pinned.update(dict.fromkeys(entry.bundle.keys, worker))
-        self._withdraw(chosen.call, Again(
-            Reason.REQUEUED, f"moved to idle worker {worker}: it waited behind a call on "
-            f"{chosen.worker}", retry=False), running=True)  # taken by its worker: cancel it
-        self.summary.backups.moved += 1
+            self._copy(chosen, worker)
 
     def _behind_late(self, worker: str, now: float) -> bool:
         """Whether a call running on ``worker`` is late: the calls waiting behind it there
@@ -219,7 +171,7 @@ class BackupCopies:
             self.copy_of.pop(call, None)
         if entry is not None:
             self.learned.topology.returned(entry.target)
-            self._leave_lane(copy)
+            self.lanes.remove(copy, self.now)
             if not succeeded:
                 self.kept.failed(entry.plan)
         return entry

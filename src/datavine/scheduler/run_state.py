@@ -494,7 +494,7 @@ class RunState(BackupCopies):
         if entry is not None:
             self._cancel_copy(call, why)
             self.learned.topology.returned(entry.target)
-            self._leave_lane(call)
+            self.lanes.remove(call, self.now)
             if not succeeded:
                 self.kept.failed(entry.plan)  # its outputs will never be there
         return entry

@@ -67,8 +67,7 @@ class Traffic:
 class Backups:
     """Backup copies (:mod:`datavine.scheduler.speculation`): copies sent (of calls that
     waited behind another, and of late ones), copies whose result came first, copies
-    cancelled because the first copy came first (or failed), copies that failed; and calls
-    moved from behind another call to an idle worker at a run's end (``moved``)."""
+    cancelled because the first copy came first (or failed), copies that failed."""
 
     started: int = 0
     queued: int = 0
@@ -76,7 +75,6 @@ class Backups:
     won: int = 0
     cancelled: int = 0
     failed: int = 0
-    moved: int = 0  # calls moved (not copied) from behind another to an idle worker
 
 
 @dataclass
@@ -265,9 +263,6 @@ class RunSummary:
             out.append(f"  backups: {b.started} copies ({b.queued} of waiting calls, {b.late} "
                        f"of late ones): {b.won} came first, {b.cancelled} cancelled, "
                        f"{b.failed} failed")
-        if b.moved:
-            out.append(f"  moved: {b.moved} calls waiting behind another went to an idle "
-                       "worker")
         if self.lost_workers:
             out.append(f"  lost workers: {', '.join(self.lost_workers[:8])}"
                        + (f" ({len(self.lost_workers)} in all)" if len(self.lost_workers) > 8
