@@ -56,7 +56,6 @@ import common  # this script's folder is on sys.path when it runs
 from datavine.deploy.box.facility import bring_up, start_workers, take_down
 from datavine.deploy.box.net import Box, box_missing
 from datavine.deploy.box.plan import BoxSpec
-from datavine.io.datagen import generate_dataset
 from datavine.scheduler.summary import network_line
 
 MODES = ("datavine", "blind", "peers-cut")
@@ -269,13 +268,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="datavine-box-bench-"))
     workdir.chmod(0o755)
     data = args.data_dir or (common.RUNS.parent / "box-data")
-    data.mkdir(parents=True, exist_ok=True)
-    files = generate_dataset(data, args.files, args.events, "zstd")
-    for p in [data, *files]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    for parent in data.resolve().parents:  # the xrootd user must reach the files
-        if parent != Path("/"):
-            parent.chmod(parent.stat().st_mode | 0o011)
+    files = common.readable_dataset(data, args.files, args.events)
     size = sum(f.stat().st_size for f in files)
     print(f"data: {args.files} files x {args.events:,} events (zstd), {size / 1e6:.0f} MB in "
           f"{data}; box: {args.racks} racks x {args.hosts_per_rack} hosts, inter-rack link "

@@ -142,6 +142,21 @@ def run_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=RUNS))
 
 
+def readable_dataset(data: Path, n_files: int, events: int) -> list[Path]:
+    """Generated ZSTD files in ``data`` (kept from an earlier run when the same), readable
+    by the xrootd user of the box's servers (the folders above it searchable)."""
+    from datavine.io.datagen import generate_dataset
+
+    data.mkdir(parents=True, exist_ok=True)
+    files = generate_dataset(data, n_files, events, "zstd")
+    for p in [data, *files]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    for parent in data.resolve().parents:  # the xrootd user must reach the files
+        if parent != Path("/"):
+            parent.chmod(parent.stat().st_mode | 0o011)
+    return files
+
+
 def setup() -> None:
     """Silence the peers' chatty loggers (distributed's INFO lines), and turn SIGTERM (as
     ``timeout`` sends) into an exit that runs the ``finally`` blocks stopping the workers."""

@@ -204,7 +204,6 @@ def box_rerun(args: argparse.Namespace) -> int:
     from datavine.deploy.box.facility import bring_up, start_workers, take_down
     from datavine.deploy.box.net import box_missing
     from datavine.deploy.box.plan import BoxSpec
-    from datavine.io.datagen import generate_dataset
 
     why = box_missing()
     if why:
@@ -212,13 +211,7 @@ def box_rerun(args: argparse.Namespace) -> int:
         return 2
     print(f"# {common.machine_info()}", file=sys.stderr, flush=True)
     data = args.box_data_dir
-    data.mkdir(parents=True, exist_ok=True)
-    files = generate_dataset(data, args.box_files, args.box_events, "zstd")
-    for p in [data, *files]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    for parent in data.resolve().parents:  # the xrootd user must reach the files
-        if parent != Path("/"):
-            parent.chmod(parent.stat().st_mode | 0o011)
+    files = common.readable_dataset(data, args.box_files, args.box_events)
     size = sum(f.stat().st_size for f in files)
     workdir = common.run_dir("rerun-box")
     workdir.chmod(0o755)

@@ -296,7 +296,7 @@ def main() -> int:
     if "unslowed" not in scenarios:
         scenarios.insert(0, "unslowed")  # the others' baseline
     data = args.data_dir or (common.RUNS.parent / "stragglers-data")
-    files = prepare_data(data, args.files, args.events)
+    files = common.readable_dataset(data, args.files, args.events)
     size = sum(f.stat().st_size for f in files)
     print(f"data: {args.files} files x {args.events:,} events (zstd), {size / 1e6:.0f} MB; box: "
           f"2 racks x 2 hosts, {WORKERS} 1-core workers; speculation "
@@ -321,20 +321,6 @@ def main() -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return summarise(runs, modes, scenarios, single_core_s, supported)
-
-
-def prepare_data(data: Path, n_files: int, events: int) -> list[Path]:
-    """The generated files (kept from an earlier run when the same), readable by xrootd."""
-    from datavine.io.datagen import generate_dataset
-
-    data.mkdir(parents=True, exist_ok=True)
-    files = generate_dataset(data, n_files, events, "zstd")
-    for p in [data, *files]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    for parent in data.resolve().parents:  # the xrootd user must reach the files
-        if parent != Path("/"):
-            parent.chmod(parent.stat().st_mode | 0o011)
-    return files
 
 
 def plain_loop(files: list[Path], events: int, workdir: Path) -> tuple[float, Path]:
