@@ -92,24 +92,24 @@ def bytes_requested(handle: object) -> int:
     """Bytes asked of the handle's source so far: for an uproot source, file or directory
     (uproot counts every byte of every range requested, failed reads included); 0 when the
     handle has no source."""
-    for path in ((), ("source",), ("file", "source")):
-        obj = handle
-        for part in path:
-            obj = getattr(obj, part, None)
-        if obj is not None and hasattr(obj, "num_requested_bytes"):
-            return int(obj.num_requested_bytes)
-    return 0
+    return _source_count(handle, "num_requested_bytes")
 
 
 def bytes_from_disk(handle: object) -> int:
     """Bytes the worker's disk served the handle's source so far
     (:class:`datavine.io.source.disk.DiskCachedSource`); 0 when it has no such source."""
+    return _source_count(handle, "num_disk_bytes")
+
+
+def _source_count(handle: object, counter: str) -> int:
+    """The ``counter`` of the uproot source behind ``handle`` (a source, a file, or a
+    directory), 0 when it has none."""
     for path in ((), ("source",), ("file", "source")):
         obj = handle
         for part in path:
             obj = getattr(obj, part, None)
-        if obj is not None and hasattr(obj, "num_disk_bytes"):
-            return int(obj.num_disk_bytes)
+        if obj is not None and hasattr(obj, counter):
+            return int(getattr(obj, counter))
     return 0
 
 
