@@ -45,3 +45,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     with datavine.LocalCluster(workers=2, cores=1, manager=manager,
                                run=datavine.RunConfig(no_worker_timeout_s=30)) as c:
         yield c
+
+
+@pytest.fixture
+def one_core(tmp_path: Path) -> Iterator[object]:
+    """A cluster of one one-core worker, its library started, memory caps on: its runtime
+    (tests that drive calls by hand: test_library_queue, test_cancel_after_end)."""
+    import datavine
+
+    with datavine.LocalCluster(workers=1, cores=1,
+                               manager=datavine.ManagerConfig(run_dir=tmp_path / "run"),
+                               run=datavine.RunConfig()) as c:
+        rt = c.runtime
+        assert rt is not None
+        rt.ensure_library()
+        yield rt

@@ -13,13 +13,8 @@ and swallowed what the worker sent meanwhile. These tests check that the next ca
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-import datavine
-from datavine.config import ManagerConfig, RunConfig
 from datavine.manager.runtime import Runtime
 from tests.test_library_queue import Results, payload, sleep_then_mark
 
@@ -31,17 +26,6 @@ def big_result_after(seconds: float, mark: str) -> str:
     """Sleep, leave ``mark``, return 8 KB (its standard output is not sent inline)."""
     sleep_then_mark(seconds, mark)
     return "x" * 8192
-
-
-@pytest.fixture
-def one_core(tmp_path: Path) -> Iterator[Runtime]:
-    with datavine.LocalCluster(workers=1, cores=1,
-                               manager=ManagerConfig(run_dir=tmp_path / "run"),
-                               run=RunConfig()) as cluster:
-        rt = cluster.runtime
-        assert rt is not None
-        rt.ensure_library()
-        yield rt
 
 
 def ended_unseen(rt: Runtime, results: Results, tmp_path: Path) -> tuple[int, int]:

@@ -18,14 +18,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import cloudpickle
 import pytest
 
-import datavine
-from datavine.config import ManagerConfig, RunConfig
 from datavine.manager.runtime import Runtime
 from datavine.protocol import BundleResult, BundleSpec
 from datavine.scheduler import graph as graphs
@@ -86,18 +84,6 @@ def one_behind_another(rt: Runtime, results: Results, tmp_path: Path,
     assert both_sent, (f"the worker took {rt.call_state(first)}/{rt.call_state(queued)}: the "
                        "library's second slot (patch 0015) is missing")
     return first, queued
-
-
-@pytest.fixture
-def one_core(tmp_path: Path) -> Iterator[Runtime]:
-    """A cluster of one one-core worker, its library started, memory caps on."""
-    with datavine.LocalCluster(workers=1, cores=1,
-                               manager=ManagerConfig(run_dir=tmp_path / "run"),
-                               run=RunConfig()) as cluster:
-        rt = cluster.runtime
-        assert rt is not None
-        rt.ensure_library()
-        yield rt
 
 
 @pytest.fixture
