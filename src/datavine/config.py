@@ -26,6 +26,10 @@ __all__ = ["ANY_HOST", "ConfigError", "LocalWorkersConfig", "ManagerConfig", "Ru
 
 ANY_HOST = "0.0.0.0"  # ManagerConfig.listen_host for every interface
 ANY_HOSTS = frozenset({ANY_HOST, "::", "*"})
+# what a capped bundle's process reads ahead for the next bundle, as a share of its cap at
+# most: the room between the column cache's RSS bound (CACHE_RSS_SHARE) and the share at
+# which an idle capped child is replaced (worker.capped_child.RECYCLE_FRACTION, 0.8)
+PREFETCH_CAP_SHARE = 0.1
 UNCAPPED_CACHE_MB = 1024.0  # RunConfig.column_cache_mb of uncapped bundles, when None
 CACHE_RSS_SHARE = 0.7  # of a cap: what a capped child keeps idle at most, its column cache in
 
@@ -195,6 +199,14 @@ class RunConfig:
             free space. Only the site knows how much scratch its slots have and whether its
             network to the XCache is what limits a rerun, so it is off until the facility
             file says how much (``[run] input_cache_mb``; a few GB is typical).
+        prefetch_mb: while a bundle computes, its worker reads ahead the baskets of the
+            bundle waiting behind it in the library (its ``root://`` chunk, the branches the
+            worker's last read of that tree took), up to this many MB held per worker
+            process, and at most a tenth of a bundle's cap (:mod:`datavine.worker.prefetch`;
+            needs datavine's TaskVine, patch 0018, and capped bundles; the memory is the
+            capped child's, so it counts in the bundles' peaks and caps). Bytes read ahead and used are in
+            ``last_summary.reads.prefetched_bytes``. 0 (the default): off; worth it where a
+            chunk's read takes a good part of its compute time (a facility's network).
     """
 
     max_retries: int = 3
@@ -227,6 +239,7 @@ class RunConfig:
     column_cache_share: float = 0.5
     column_cache_mb: float | None = None
     input_cache_mb: float = 0.0
+    prefetch_mb: float = 0.0
 
     def column_cache_budget_mb(self, cap_mb: float | None) -> float:
         """The column cache's bound (MB) for a bundle under ``cap_mb`` (None: uncapped)."""
@@ -246,6 +259,14 @@ class RunConfig:
         if not self.column_cache or cap_mb is None or cap_mb <= 0:
             return 0.0
         return CACHE_RSS_SHARE * cap_mb
+
+    def prefetch_budget_mb(self, cap_mb: float | None) -> float:
+        """What a bundle under ``cap_mb`` may hold read ahead for the next one (MB): the
+        smaller of ``prefetch_mb`` and :data:`PREFETCH_CAP_SHARE` of the cap; 0 when off or
+        uncapped (an uncapped bundle runs in the library, which reads nothing ahead)."""
+        if self.prefetch_mb <= 0 or cap_mb is None or cap_mb <= 0:
+            return 0.0
+        return min(self.prefetch_mb, PREFETCH_CAP_SHARE * cap_mb)
 
     def time_limit(self, category: str) -> float | None:
         """The time limit of a task of ``category``, or None."""
@@ -282,6 +303,9 @@ class RunConfig:
         if not self.input_cache_mb >= 0:
             raise ConfigError(f"RunConfig.input_cache_mb must be >= 0 (0: off), got "
                               f"{self.input_cache_mb}")
+        if not self.prefetch_mb >= 0:
+            raise ConfigError(f"RunConfig.prefetch_mb must be >= 0 (0: off), got "
+                              f"{self.prefetch_mb}")
 
     def replace(self, **changes: Unpack[RunChanges]) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -321,6 +345,7 @@ class RunChanges(TypedDict, total=False):
     column_cache_share: float
     column_cache_mb: float | None
     input_cache_mb: float
+    prefetch_mb: float
 
 
 def check_counts(owner: str, counts: Mapping[str, object], *, minimum: int = 1,

@@ -42,7 +42,7 @@ from typing import (
 
 from datavine.errors import DatavineError
 
-PROTOCOL = 5  # bumped whenever a field of BundleSpec or BundleResult changes
+PROTOCOL = 6  # bumped whenever a field of BundleSpec or BundleResult changes
 
 
 class ProtocolError(DatavineError):
@@ -83,6 +83,8 @@ class ReadRecordDict(TypedDict):
     dropped: NotRequired[bool]
     # bytes the worker's disk served instead of the server (datavine.io.disk_cache), protocol 4
     disk: NotRequired[int]
+    # of ``bytes``, those a prefetch read ahead of the bundle (worker/prefetch.py), protocol 6
+    prefetched: NotRequired[int]
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class BundleSpec:
     # the bound on the worker's disk cache of input bytes (MB; 0: off), protocol 4
     # (datavine.io.disk_cache: RunConfig.input_cache_mb)
     input_cache_mb: float = 0.0
+    # the bound on what the worker reads ahead for its next bundle while this one computes
+    # (MB; 0: off), protocol 6 (datavine.worker.prefetch: RunConfig.prefetch_mb)
+    prefetch_mb: float = 0.0
 
     what: ClassVar[str] = "bundle spec"
 

@@ -172,7 +172,7 @@ RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "speculation_slack_s": _float,
                              "speculation_waiting": _bool, "column_cache": _bool,
                              "column_cache_share": _float, "column_cache_mb": _float,
-                             "input_cache_mb": _float}
+                             "input_cache_mb": _float, "prefetch_mb": _float}
 XCACHE_KEYS: dict[str, Kind] = {"origin": _str, "export_root": _path, "shards": lambda v, w: v}
 SHARD_KEYS: dict[str, Kind] = {"url": _str, "rack": _str, "name": _str, "weight": _float}
 MEMORY_KEYS: dict[str, Kind] = {"enabled": _bool, "default_mb": _float, "ceiling_mb": _float,

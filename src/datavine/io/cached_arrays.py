@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeAlias, cast
 import awkward as ak
 import numpy as np
 
-from datavine.io import column_cache, reading
+from datavine.io import column_cache, read_profile, reading
 from datavine.io.column_cache import ColumnKey
 from datavine.io.shards import logical_name
 
@@ -96,6 +96,7 @@ def _plain(ttree: uproot.TTree, branches: Sequence[str], start: int | None, stop
            path: str) -> Read:
     file_source = ttree.file.source
     before = getattr(file_source, "num_requested_bytes", 0)
+    read_profile.note(str(ttree.name), branches)  # what a prefetch of the next chunk reads
     arrays = ttree.arrays(list(branches), entry_start=start, entry_stop=stop, how=dict,
                           array_cache=None)
     decoded = sum(int(array.nbytes) for array in arrays.values())

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from datavine.io import column_cache, disk_cache
+from datavine.io import column_cache, disk_cache, prefetch_store
 from datavine.io.shards import ShardHealth, ShardMap, logical_name
 from datavine.io.source.base import (
     UNSHARDED,
@@ -44,6 +44,7 @@ from datavine.io.source.base import (
     OpenRecord,
     Source,
     bytes_from_disk,
+    bytes_prefetched,
     bytes_requested,
     is_input_error,
     raised_in_xrootd_client,
@@ -83,13 +84,14 @@ class ReadRecord:
     decoded: int = 0
     dropped: bool = False
     disk: int = 0  # bytes the worker's disk served (datavine.io.disk_cache)
+    prefetched: int = 0  # of ``bytes``, those read ahead of the bundle (worker/prefetch.py)
 
     def as_dict(self) -> ReadRecordDict:
         """The record as a bundle's result carries it (``dataclasses.asdict``, typed)."""
         return ReadRecordDict(lfn=self.lfn, server=self.server, rack=self.rack,
                               bytes=self.bytes, failovers=self.failovers, errors=self.errors,
                               cached=self.cached, decoded=self.decoded, dropped=self.dropped,
-                              disk=self.disk)
+                              disk=self.disk, prefetched=self.prefetched)
 
 
 class Opened(NamedTuple):
@@ -149,7 +151,8 @@ class ReadContext:
             noted.add(o.lfn)
             out.append(ReadRecord(o.lfn, o.server, o.rack, bytes_requested(o.handle),
                                   o.failovers, o.errors, cached, decoded,
-                                  disk=bytes_from_disk(o.handle)))
+                                  disk=bytes_from_disk(o.handle),
+                                  prefetched=bytes_prefetched(o.handle)))
         out.extend(ReadRecord(lfn, MEMORY, None, 0, cached=use[0], decoded=use[1])
                    for lfn, use in self.cache_use.items() if lfn not in noted)
         cache = column_cache.cache()
@@ -253,6 +256,9 @@ def _open_served(url: str, shardmap: ShardMap | None, opener: Opener[H],
     if ctx is not None and ctx.disk is not None and is_xrootd(url) and \
             opener in (open_file, make_source):  # openers that take ``wrap``
         options = {**options, "wrap": _disk_wrap(ctx.disk, logical_name(url))}
+    if ctx is not None and prefetch_store.store().serves() and is_xrootd(url) and \
+            opener in (open_file, make_source):  # ranges read ahead for this bundle
+        options = {**options, "wrap": _prefetch_wrap(options.get("wrap"), logical_name(url))}
     handle, record = source_for(url, shards).open(url, opener, **options)
     if ctx is not None:
         ctx.add(handle, record)
@@ -265,6 +271,15 @@ def _disk_wrap(cache: disk_cache.DiskCache, lfn: str) -> Callable[[object], obje
     from datavine.io.source.disk import DiskCachedSource
 
     return lambda source: DiskCachedSource(source, cache, lfn)
+
+
+def _prefetch_wrap(inner: object, lfn: str) -> Callable[[object], object]:
+    """Puts the ranges read ahead (:mod:`datavine.io.prefetch_store`) in front of an uproot
+    source of the file ``lfn``, over ``inner`` (another wrap, or None)."""
+    from datavine.io.source.prefetched import PrefetchedSource
+
+    below = inner if callable(inner) else (lambda source: source)
+    return lambda source: PrefetchedSource(below(source), prefetch_store.store(), lfn)
 
 
 def open_input(url: str, *, shardmap: ShardMap | None = None,

@@ -363,6 +363,7 @@ class RunState(BackupCopies):
             cache_epoch=self.learned.topology.cache_epoch,
             cache_rss_mb=self.cfg.column_cache_rss_mb(cap_mb),
             input_cache_mb=self.cfg.input_cache_mb,  # io/disk_cache.py
+            prefetch_mb=self.cfg.prefetch_budget_mb(cap_mb),  # worker/prefetch.py
         )
 
     # --- the pool ---------------------------------------------------------------------------

@@ -36,6 +36,9 @@ class ReadStats:
     near_bytes: int = 0  # from a shard in the worker's rack, or a file on the worker
     far_bytes: int = 0  # from another rack's shard or the origin
     disk_bytes: int = 0  # from the worker's disk cache instead of a server
+    # of near and far, those read ahead while the bundle before computed (worker/prefetch.py)
+    prefetched_bytes: int = 0
+    prefetched_opens: int = 0  # opens that took ranges read ahead
     by_server: Counter[str] = field(default_factory=Counter)
     opens: int = 0
     failovers: int = 0
@@ -158,6 +161,8 @@ class RunSummary:
                 continue
             nbytes = int(r.get("bytes", 0))
             stats.disk_bytes += int(r.get("disk", 0))
+            stats.prefetched_bytes += int(r.get("prefetched", 0))
+            stats.prefetched_opens += bool(r.get("prefetched"))
             near = r.get("server") == "local" or (
                 worker_rack is not None and r.get("rack") == worker_rack)
             if near:
@@ -210,6 +215,8 @@ class RunSummary:
             "placement": dict(self.placement), "memory": dict(self.memory),
             "reads": {"near_bytes": reads.near_bytes, "far_bytes": reads.far_bytes,
                       "disk_bytes": reads.disk_bytes,
+                      "prefetched_bytes": reads.prefetched_bytes,
+                      "prefetched_opens": reads.prefetched_opens,
                       "near_fraction": reads.near_fraction, "by_server": dict(reads.by_server),
                       "opens": reads.opens, "failovers": reads.failovers,
                       "failover_errors": list(reads.failover_errors)},
@@ -245,6 +252,10 @@ class RunSummary:
                        f"{r.far_bytes / mb:,.1f} MB far ({r.near_fraction:.1%} near), "
                        f"{r.failovers} failovers")
             out.extend(f"    failover: {e}" for e in r.failover_errors[:5])
+            if r.prefetched_opens:
+                out.append(f"  prefetch: {r.prefetched_bytes / mb:,.1f} MB read ahead while "
+                           f"the bundle before computed, in {r.prefetched_opens} of "
+                           f"{r.opens} opens")
         if r.opens or self.cache.hit_bytes:
             out.append(f"  {self.served_line()}")
         c = self.cache

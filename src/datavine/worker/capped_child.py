@@ -14,7 +14,12 @@ so its allocator, imports and caches stay warm, and watches it the same way duri
   gets a fresh child;
 * a child that dies (a crash, the OOM killer), leaves processes running after a call, or idles
   at more than ``recycle_fraction`` of the next call's cap (memory its allocator kept) is
-  replaced before the next call: :func:`needs_fresh_child` decides, a pure function.
+  replaced before the next call: :func:`needs_fresh_child` decides, a pure function;
+* with a ``hint_handler``, :meth:`CappedChild.hint` passes short messages to the child while
+  a call runs (a third pipe, read by a thread of the child that calls the handler): the
+  library names the calls queued behind the running one, which the child reads ahead
+  (:mod:`datavine.worker.prefetch`). A hint is dropped when the pipe is full or there is no
+  child.
 
 A cap therefore reads as it does for :func:`~datavine.worker.memcap.run_capped`: "the process would
 show this RSS", what ``ps`` and TaskVine's resource monitor count. The child's
@@ -27,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import select
 import struct
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import NoReturn
@@ -62,8 +69,12 @@ class CappedChild:
     ``baseline_mb`` is the child's RSS before the call. ``close`` ends the child."""
 
     def __init__(self, *, poll_s: float = 0.02, scan_every_s: float = 0.25,
-                 recycle_fraction: float = RECYCLE_FRACTION) -> None:
+                 recycle_fraction: float = RECYCLE_FRACTION,
+                 hint_handler: Callable[[bytes], None] | None = None) -> None:
         self.poll_s = poll_s
+        self.hint_handler = hint_handler
+        self._hints = -1  # the write end of the hint pipe (-1: none)
+        self._hint_lock = threading.Lock()  # hint() runs on another thread than run()
         self.scan_every_s = scan_every_s
         self.recycle_fraction = recycle_fraction
         self.pid: int | None = None
@@ -101,6 +112,18 @@ class CappedChild:
         return memcap.capped_result(frame, status, watch, max(watch.peak_kb, hwm_kb), started,
                                     idle_kb)
 
+    def hint(self, message: bytes) -> bool:
+        """Pass ``message`` (< 64 KiB) to the child's hint handler, without blocking; False
+        when it was dropped (no child, no handler, the pipe full). Thread-safe."""
+        frame = _LENGTH.pack(len(message)) + message
+        with self._hint_lock:
+            if self._hints < 0 or len(frame) > select.PIPE_BUF:
+                return False
+            try:
+                return os.write(self._hints, frame) == len(frame)
+            except OSError:  # full (a frame under PIPE_BUF is written whole or not at all)
+                return False
+
     def close(self) -> None:
         """End the child (and whatever is left in its process group), if there is one."""
         if self.pid is not None:
@@ -117,18 +140,26 @@ class CappedChild:
         parent = os.getpid()
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
+        hint_r, hint_w = os.pipe() if self.hint_handler is not None else (-1, -1)
         with contextlib.suppress(OSError):
             memcap.set_pipe_size(res_w)
         memcap.prepare_fork()
         gc.freeze()  # the child's collections then skip the library's objects: no mass COW copy
-        pid = os.fork()
-        if pid == 0:
-            os.close(req_w)
-            os.close(res_r)
-            _serve(req_r, res_w, parent)
-        gc.unfreeze()
-        os.close(req_r)
-        os.close(res_w)
+        with self._hint_lock:  # held across the fork: the child never takes it
+            pid = os.fork()
+            if pid == 0:
+                os.close(req_w)
+                os.close(res_r)
+                if hint_w >= 0:
+                    os.close(hint_w)
+                _serve(req_r, res_w, parent, hint_r, self.hint_handler)
+            gc.unfreeze()
+            os.close(req_r)
+            os.close(res_w)
+            if hint_r >= 0:
+                os.close(hint_r)
+                os.set_blocking(hint_w, False)
+            self._hints = hint_w
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
         self.pid, self._requests, self._results = pid, req_w, res_r
@@ -143,9 +174,12 @@ class CappedChild:
     def _stop(self) -> int:
         """Kill the child's group, reap the child: its wait status."""
         pid, self.pid = self.pid, None
-        for fd in (self._requests, self._results):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._hint_lock:
+            hints, self._hints = self._hints, -1
+        for fd in (self._requests, self._results, hints):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self._requests = self._results = -1
         if pid is None:
             return 0
@@ -155,11 +189,15 @@ class CappedChild:
 
 
 # --- child side -------------------------------------------------------------------------------
-def _serve(requests: int, results: int, parent: int) -> NoReturn:
-    """The child's loop: a request in, a frame out, until the parent closes the pipe."""
+def _serve(requests: int, results: int, parent: int, hints: int = -1,
+           hint_handler: Callable[[bytes], None] | None = None) -> NoReturn:
+    """The child's loop: a request in, a frame out, until the parent closes the pipe (and
+    hints, if any, handed to ``hint_handler`` on a thread of their own)."""
     code = 70
     try:
         if memcap.enter_child(parent):
+            if hints >= 0:
+                _listen(hints, hint_handler)
             memcap.become_subreaper()  # orphans of a call come back here, to be counted
             while True:
                 request = _read_request(requests)
@@ -177,6 +215,23 @@ def _serve(requests: int, results: int, parent: int) -> NoReturn:
                 del fn, args, kwargs
     finally:
         os._exit(code)
+
+
+def _listen(fd: int, handler: Callable[[bytes], None] | None) -> None:
+    """In the child: a thread that reads hints from ``fd`` and hands each to ``handler``,
+    until the library closes the pipe."""
+
+    def loop() -> None:
+        while True:
+            head = _read_exact(fd, _LENGTH.size)
+            message = _read_exact(fd, _LENGTH.unpack(head)[0]) if head is not None else None
+            if message is None:
+                return
+            if handler is not None:
+                with contextlib.suppress(Exception):  # a hint never breaks the child
+                    handler(message)
+
+    threading.Thread(target=loop, name="datavine-hints", daemon=True).start()
 
 
 def _raise(exc: BaseException) -> NoReturn:

@@ -33,7 +33,7 @@ from datavine.io.reading import is_input_error, reading, shard_health
 from datavine.protocol import BundleResult, BundleSpec, Key, ProtocolError, ReadRecordDict, Status
 from datavine.scheduler import labels
 from datavine.worker import payload as payload_codec
-from datavine.worker import value_file
+from datavine.worker import prefetch, value_file
 from datavine.worker.alarm import alarm
 
 if TYPE_CHECKING:
@@ -59,9 +59,11 @@ class TaskTimeLimitExceeded(BaseException):
     task's own ``except Exception`` does not swallow it)."""
 
 
-def library_started() -> None:
+def library_started() -> dict[str, object]:
     """Run once in each library process as it starts (TaskVine's library context), before
-    it serves calls: make the library the leader of its own process group.
+    it serves calls: make the library the leader of its own process group. Returns the
+    hook a library with patch 0018 calls as each call arrives
+    (:func:`call_queued`; another poncho keeps it unused).
 
     ``vine_worker`` moves a library into a group of its own from the parent side only
     (``setpgid(pid, 0)`` after ``fork``); when the child has already ``exec``-ed by then the
@@ -76,6 +78,7 @@ def library_started() -> None:
     with contextlib.suppress(OSError):  # a session leader may not move: it leads one already
         if os.getpgid(0) != os.getpid() and _started_by_worker():
             os.setpgid(0, 0)
+    return {"vine_call_queued": call_queued}
 
 
 def _started_by_worker() -> bool:
@@ -183,7 +186,8 @@ def execute_payload(payload: bytes, cwd: str | None = None) -> BundleResult:
         spec = BundleSpec.decode(data)
     except ProtocolError as exc:
         return BundleResult(Status.PROTOCOL, message=str(exc))
-    return execute_bundle(spec)
+    with prefetch.bundle(cwd, spec.prefetch_mb):  # reads ahead of it are taken, and dropped
+        return execute_bundle(spec)
 
 
 _CHILD: CappedChild | None = None  # the library's capped child, made on the first capped bundle
@@ -195,8 +199,17 @@ def _capped_child() -> CappedChild:
     if _CHILD is None:
         from datavine.worker.capped_child import CappedChild
 
-        _CHILD = CappedChild()
+        _CHILD = CappedChild(hint_handler=prefetch.on_hint)
     return _CHILD
+
+
+def call_queued(function_id: int, function_name: str, sandbox: str) -> None:
+    """poncho's ``vine_call_queued`` hook (patch 0018), on a thread of the library: a call
+    arrived in its pipe. A bundle's sandbox goes to the capped child, which reads ahead for
+    it (:mod:`datavine.worker.prefetch`; an uncapped bundle runs here and is not)."""
+    child = _CHILD
+    if function_name == "run_bundle" and child is not None:
+        child.hint(sandbox.encode())
 
 
 def _stamp(result: BundleResult, started: float) -> BundleResult:

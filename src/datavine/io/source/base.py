@@ -101,6 +101,12 @@ def bytes_from_disk(handle: object) -> int:
     return _source_count(handle, "num_disk_bytes")
 
 
+def bytes_prefetched(handle: object) -> int:
+    """Bytes of the handle's source that a prefetch fetched ahead of the bundle
+    (:class:`datavine.io.source.prefetched.PrefetchedSource`); 0 when it has no such source."""
+    return _source_count(handle, "num_prefetched_bytes")
+
+
 def _source_count(handle: object, counter: str) -> int:
     """The ``counter`` of the uproot source behind ``handle`` (a source, a file, or a
     directory), 0 when it has none."""
