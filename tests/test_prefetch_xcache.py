@@ -122,11 +122,14 @@ def test_a_queued_chunk_is_read_ahead_and_the_results_are_the_loops(
         summary = cluster.last_summary
         assert summary is not None
         processes = descendants_of_workers_in(tmp_path)
+    print(*summary.lines(), sep="\n")  # pytest -s: the prefetch line
     assert result.result == dataset.reference
     reads = summary.reads
     assert reads.opens == len(chunks)
     assert reads.prefetched_bytes > 0 and reads.prefetched_opens >= 1, summary.lines()
     assert reads.prefetched_bytes <= reads.near_bytes + reads.far_bytes
+    # the baskets, not only the files' metadata: all but the first chunks' bytes, mostly
+    assert reads.prefetched_bytes > 0.3 * (reads.near_bytes + reads.far_bytes), summary.lines()
     assert any("read ahead" in line for line in summary.lines())
     # the worker left with the cluster: its library and the child that read ahead are gone
     assert len(processes) >= 3, "a worker, its library and the library's capped child"

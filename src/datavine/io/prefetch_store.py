@@ -61,6 +61,7 @@ class PrefetchStore:
             data: bytes | memoryview) -> bool:
         """Keep ``data`` (the bytes ``[start, stop)`` of the file ``identity``) for
         ``owner``; False when it would take the store over its bound (refused)."""
+        start, stop = int(start), int(stop)  # uproot's ranges may be numpy integers
         size = stop - start
         if len(data) != size:
             return False
@@ -81,7 +82,7 @@ class PrefetchStore:
         """The bytes ``[start, stop)`` of the file ``identity`` fetched for ``owner``
         (None: for anyone), removed from the store, or None when they are not here."""
         with self._lock:
-            key = (identity, start, stop)
+            key = (identity, int(start), int(stop))
             entry = self._ranges.get(key)
             if entry is None or (owner is not None and entry[0] != owner):
                 return None

@@ -73,6 +73,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("library-queue", "the library call queue", "patch 0015",
                "one call per library at a time (the next is sent once the last result is in, "
                "~6 ms idle per call on each worker), and a cancelled call kills its library"),
+    Capability("call-hook", "queued calls announced to the library", "patch 0018",
+               "reads are not overlapped with compute: RunConfig.prefetch_mb reads nothing "
+               "ahead (a bundle reads its chunk when it starts)"),
     Capability("manager-savings", "the manager's CPU savings", "patches 0003-0010, 0016",
                "the manager's CPU per bundle and when idle grows with the workers (~20% more "
                "idle CPU at 256 workers from the libraries' log round trips alone)"),

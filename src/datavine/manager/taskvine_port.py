@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import pickle
 import socket
 import sys
@@ -128,6 +129,22 @@ def library_queues_calls() -> bool:
     return Internals(import_taskvine(), _library_code()).library_queues_calls()
 
 
+@functools.cache
+def library_announces_calls() -> bool:
+    """Whether this TaskVine's direct-mode library hands each call to the library's
+    ``vine_call_queued`` hook as it arrives (TaskVine patch 0018), which reading ahead
+    (``RunConfig.prefetch_mb``, :mod:`datavine.worker.prefetch`) needs; read from the
+    library code the manager ships."""
+    code = _library_code()
+    try:
+        return code is not None and CALL_HOOK_MARK in inspect.getsource(code)
+    except (OSError, TypeError):
+        return False
+
+
+CALL_HOOK_MARK = "vine_call_queued"  # in the library code of patch 0018
+
+
 def import_taskvine() -> ModuleType:
     try:
         import ndcctools.taskvine as vine
@@ -156,6 +173,7 @@ def probe_capabilities(internals: Internals, asked: str | None, port: int) -> Ca
     record: dict[str, bool | None] = {key: MARKERS[key] in found for key in MARKERS}
     record["worker-features"] = None
     record["library-queue"] = internals.library_queues_calls()
+    record["call-hook"] = library_announces_calls()
     honoured = listen_honoured(asked, listening_on(port))
     if honoured is not None:
         record["listen-address"] = honoured

@@ -29,6 +29,7 @@ import contextlib
 import os
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from datavine.io.shards import ShardMap
 
 WAIT_S = 10.0  # a bundle waits this long at most for its prefetch still in flight
+PROFILE_WAIT_S = 5.0  # a prefetch waits this long for the process's first read of a tree
 STARTED_KEPT = 64  # sandboxes of calls started, remembered (a late hint is ignored)
 
 
@@ -169,10 +171,24 @@ def fetch_call(job: Job, store: PrefetchStore) -> None:
     for read in chunk_reads(spec.nodes):
         if job.cancelled or store.held_bytes >= store.max_bytes:
             return
-        branches = read_profile.branches(tree_for(read, read_profile.trees()))
+        tree = tree_for(read, read_profile.trees())
+        branches = _branches(tree, job)
         if branches:
-            fetch_chunk(read, tree_for(read, read_profile.trees()), branches, job, store,
+            fetch_chunk(read, tree, branches, job, store,
                         cast("ShardMap | None", spec.shardmap), spec.avoid)
+
+
+def _branches(tree: str, job: Job, wait_s: float = PROFILE_WAIT_S) -> tuple[str, ...]:
+    """The branches to read ahead of ``tree``: what this process read of it last; while
+    none is known (the process's first bundle has not read yet), wait for its first read, at
+    most ``wait_s`` (the second bundle of a process is then read ahead too)."""
+    deadline = time.monotonic() + wait_s
+    while not job.cancelled:
+        branches = read_profile.branches(tree)
+        if branches or time.monotonic() >= deadline:
+            return branches
+        time.sleep(0.02)
+    return ()
 
 
 def read_spec(sandbox: str) -> BundleSpec | None:
@@ -232,8 +248,8 @@ def fetch_ranges(handle: object, tree: str, branches: tuple[str, ...], start: in
         if name not in ttree:
             continue
         for _, where in ttree[name].entries_to_ranges_or_baskets(start, stop):
-            if isinstance(where, tuple):
-                ranges.append(where)
+            if isinstance(where, tuple):  # numpy integers: XRootD's vector read takes ints
+                ranges.append((int(where[0]), int(where[1])))
     ranges = list(dict.fromkeys(ranges))
     if not ranges or job.cancelled:
         return 0
