@@ -204,9 +204,10 @@ class RunConfig:
             worker's last read of that tree took), up to this many MB held per worker
             process, and at most a tenth of a bundle's cap (:mod:`datavine.worker.prefetch`;
             needs datavine's TaskVine, patch 0018, and capped bundles; the memory is the
-            capped child's, so it counts in the bundles' peaks and caps). Bytes read ahead and used are in
-            ``last_summary.reads.prefetched_bytes``. 0 (the default): off; worth it where a
-            chunk's read takes a good part of its compute time (a facility's network).
+            capped child's, so it counts in the bundles' peaks and caps). Bytes read ahead
+            and used are in ``last_summary.reads.prefetched_bytes``. 0 (the default): off;
+            worth it where a chunk's read takes a good part of its compute time (a
+            facility's network).
     """
 
     max_retries: int = 3
