@@ -10,7 +10,9 @@ not its speed:
 - a call cancelled while it waits behind another is skipped: the library lives on (same
   PID), the call never runs, and the slot it held comes back for later calls;
 - a running capped call that is cancelled is stopped (its capped child is killed), and the
-  library serves the next call.
+  library serves the next call;
+- on two one-core workers, a call sent while the other worker runs one goes to the idle
+  worker, not behind the running call (patch 0020: the library with the most free slots).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cloudpickle
@@ -149,3 +151,33 @@ def test_a_call_queued_behind_a_cancelled_one_runs_and_answers(
     got = results.wait_for({queued}, 30)
     assert queued in got and got[queued].ok, f"the queued call came back as {got}"
     assert (tmp_path / "queued").exists() and not (tmp_path / "first").exists()
+
+
+@pytest.fixture
+def two_workers(tmp_path: Path) -> Iterator[Runtime]:
+    """Two one-core workers, each with its library started (a call has run on each)."""
+    import datavine
+
+    with datavine.LocalCluster(workers=2, cores=1,
+                               manager=datavine.ManagerConfig(run_dir=tmp_path / "run"),
+                               run=datavine.RunConfig()) as c:
+        rt = c.runtime
+        assert rt is not None
+        rt.ensure_library()
+        yield rt
+
+
+def test_a_call_goes_to_the_idle_worker_not_behind_a_running_one(
+        two_workers: Runtime, tmp_path: Path) -> None:
+    rt, results = two_workers, Results(two_workers)
+    for round_ in range(3):  # the same order each time: the walk's first worker is fixed
+        first = submit(rt, 3.0, tmp_path / f"first-{round_}")
+        assert results.until(lambda: rt.call_state(first) == "RUNNING", 30)
+        second = submit(rt, 0.0, tmp_path / f"second-{round_}")
+        got = results.wait_for({second}, 30)
+        assert second in got and got[second].ok
+        assert rt.call_state(first) == "RUNNING", (
+            "the second call ended after the first: it waited behind it in one library "
+            "while the other worker was idle (patch 0020)")
+        done = results.wait_for({first}, 30)
+        assert done[first].pid != got[second].pid, "both calls ran in the same library"
