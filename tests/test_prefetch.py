@@ -9,8 +9,10 @@ is ignored; the chunks a queued bundle will read are found in its task nodes.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -294,3 +296,33 @@ def test_the_summary_counts_what_was_read_ahead() -> None:
     assert summary.reads.prefetched_bytes == 800 and summary.reads.prefetched_opens == 1
     assert summary.to_dict()["reads"]["prefetched_bytes"] == 800
     assert any("read ahead" in line for line in summary.lines())
+
+
+# --- hints to the capped child --------------------------------------------------------------------
+def leave_mark(folder: str, message: bytes) -> None:
+    """A hint handler (in the child): a file named by the message."""
+    Path(folder, message.decode()).touch()
+
+
+def wait_for_file(path: Path, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return path.exists()
+
+
+def test_hints_reach_the_child_and_wait_for_it_when_there_is_none(tmp_path: Path) -> None:
+    from datavine.worker.capped_child import CappedChild
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sandbox = str(tmp_path / "starting")
+    with CappedChild(hint_handler=functools.partial(leave_mark, str(marks))) as child:
+        assert not child.hint(b"early")  # no child yet: kept for the next one
+        assert not child.hint(sandbox.encode())  # the call that starts the child
+        assert child.run(os.getpid, cap_mb=None, sandbox=sandbox).ok
+        assert wait_for_file(marks / "early")
+        assert child.hint(b"later")
+        assert wait_for_file(marks / "later")
+    assert not Path(sandbox).exists(), "the call that started the child was hinted to it"
+    assert sorted(p.name for p in marks.iterdir()) == ["early", "later"]

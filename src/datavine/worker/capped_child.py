@@ -18,8 +18,10 @@ so its allocator, imports and caches stay warm, and watches it the same way duri
 * with a ``hint_handler``, :meth:`CappedChild.hint` passes short messages to the child while
   a call runs (a third pipe, read by a thread of the child that calls the handler): the
   library names the calls queued behind the running one, which the child reads ahead
-  (:mod:`datavine.worker.prefetch`). A hint is dropped when the pipe is full or there is no
-  child.
+  (:mod:`datavine.worker.prefetch`). A hint given while there is no child (the library's
+  first calls arrive together, before its first call starts one) waits for the next child
+  (:data:`PENDING_HINTS` at most; not the one naming the call that starts it, its
+  ``sandbox``); one is dropped when the pipe is full.
 
 A cap therefore reads as it does for :func:`~datavine.worker.memcap.run_capped`: "the process would
 show this RSS", what ``ps`` and TaskVine's resource monitor count. The child's
@@ -49,6 +51,7 @@ _LENGTH = struct.Struct("!Q")  # a request: its length, then cloudpickle((fn, ar
 # what the child held before the call, so a child that keeps its usual memory between calls
 # idles under 0.8 x its cap: only one that grew (a leak, caches) beyond that is replaced.
 RECYCLE_FRACTION = 0.8
+PENDING_HINTS = 16  # hints kept for a child not started yet, at most
 
 
 def needs_fresh_child(alive: bool, idle_mb: float, cap_mb: float | None,
@@ -74,6 +77,7 @@ class CappedChild:
         self.poll_s = poll_s
         self.hint_handler = hint_handler
         self._hints = -1  # the write end of the hint pipe (-1: none)
+        self._pending: list[bytes] = []  # hints given while there was no child
         self._hint_lock = threading.Lock()  # hint() runs on another thread than run()
         self.scan_every_s = scan_every_s
         self.recycle_fraction = recycle_fraction
@@ -92,7 +96,7 @@ class CappedChild:
         idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm") if alive else 0
         if needs_fresh_child(alive, idle_kb / 1024.0, cap_mb, self.recycle_fraction):
             self.close()
-            self._start()
+            self._start(sandbox)
             idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
         assert self.pid is not None
         pid = self.pid
@@ -117,12 +121,19 @@ class CappedChild:
         when it was dropped (no child, no handler, the pipe full). Thread-safe."""
         frame = _LENGTH.pack(len(message)) + message
         with self._hint_lock:
-            if self._hints < 0 or len(frame) > select.PIPE_BUF:
+            if len(frame) > select.PIPE_BUF or self.hint_handler is None:
                 return False
-            try:
-                return os.write(self._hints, frame) == len(frame)
-            except OSError:  # full (a frame under PIPE_BUF is written whole or not at all)
+            if self._hints < 0:
+                if len(self._pending) < PENDING_HINTS:
+                    self._pending.append(message)
                 return False
+            return self._write_hint(frame)
+
+    def _write_hint(self, frame: bytes) -> bool:
+        try:
+            return os.write(self._hints, frame) == len(frame)
+        except OSError:  # full (a frame under PIPE_BUF is written whole or not at all)
+            return False
 
     def close(self) -> None:
         """End the child (and whatever is left in its process group), if there is one."""
@@ -136,7 +147,7 @@ class CappedChild:
         self.close()
 
     # ------------------------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, sandbox: str | None = None) -> None:
         parent = os.getpid()
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
@@ -160,6 +171,10 @@ class CappedChild:
                 os.close(hint_r)
                 os.set_blocking(hint_w, False)
             self._hints = hint_w
+            pending, self._pending = self._pending, []
+            for message in pending:  # hints given before it: not the call that starts it
+                if sandbox is None or message != sandbox.encode():
+                    self._write_hint(_LENGTH.pack(len(message)) + message)
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
         self.pid, self._requests, self._results = pid, req_w, res_r
