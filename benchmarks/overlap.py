@@ -67,7 +67,8 @@ def drive(plan_path: Path) -> int:
                        shards.origin.url)
     run = facility.run.replace(shardmap=shards, progress=False, placement=None,
                                column_cache=False, speculation=False,
-                               prefetch_mb=plan["prefetch_mb"])
+                               prefetch_mb=plan["prefetch_mb"],
+                               bundles_per_slot=plan["bundles_per_slot"])
     with datavine.Cluster(facility.manager, run, min_workers=len(WORKER_HOSTS),
                           connect_timeout_s=90) as cluster:
         graph = analysis_graph(XCacheShards(shards), chunks)
@@ -165,6 +166,9 @@ def main() -> int:
     parser.add_argument("--chunk-events", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prefetch-mb", type=float, default=64.0)
+    parser.add_argument("--bundles-per-slot", type=int, default=2,
+                        help="calls held per worker core: 3 starts a chunk's read ahead a "
+                             "whole call earlier (the link never waits for the manager)")
     parser.add_argument("--link-factor", type=float, default=1.0,
                         help="shaped rate = this x (chunk bytes / chunk compute time)")
     parser.add_argument("--timeout", type=float, default=300.0)
@@ -201,7 +205,7 @@ def main() -> int:
     try:
         plan = {"facility": str(box.dir / "facility.toml"), "files": [str(f) for f in files],
                 "chunk_events": args.chunk_events, "reference": str(ref_path),
-                "prefetch_mb": 0.0}
+                "prefetch_mb": 0.0, "bundles_per_slot": args.bundles_per_slot}
         warm = run_once(box, plan, "warm-up", None, args.timeout)  # fills the shards
         print(f"warm-up: {warm.get('seconds', 0):.2f} s {warm.get('error', '')}")
         runs.append(run_once(box, plan, "unshaped", None, args.timeout))
@@ -237,7 +241,7 @@ def main() -> int:
     print(f"on_ratio={ratio(on)} off_ratio={ratio(off)} on_over_off="
           f"{(on / off) if on and off else float('nan'):.3f} ceiling_eps={ceiling:.0f} "
           f"unshaped_eps={unshaped or 0:.0f} links_eps={links_eps:.0f} mbit={mbit:.1f} "
-          f"correct={correct}")
+          f"bundles_per_slot={args.bundles_per_slot} correct={correct}")
     return 0
 
 
