@@ -4,7 +4,9 @@ the call's reply; and both through real TaskVine calls."""
 
 from __future__ import annotations
 
+import binascii
 import os
+import pickle
 from pathlib import Path
 from types import FunctionType
 from typing import cast
@@ -105,8 +107,8 @@ def test_a_result_goes_back_as_the_calls_reply(tmp_path: Path,
     f = by_value("def f(x):\n    return [x] * 3\n")
     blob = payload.BundleEncoder().dumps(spec_of("k", f, "v"))
     record = remote.run_bundle(blob, reply_file=REPLY_FILE)
-    text = (tmp_path / REPLY_FILE).read_text()
-    assert payload.read_reply(text) == record
+    data = (tmp_path / REPLY_FILE).read_bytes()
+    assert payload.read_reply(data) == record
     result = BundleResult.decode(record)
     assert result.ok and cloudpickle.loads(result.values["k"]) == ["v"] * 3
     # no reply file named (a test, the bindings' warm-up call): nothing written
@@ -121,22 +123,50 @@ def test_a_reply_over_taskvines_limit_becomes_an_error(tmp_path: Path,
     monkeypatch.setattr(payload, "REPLY_MAX", 2000)
     record = BundleResult(Status.OK, values={"k": b"x" * 4000}, worker="w-1").encode()
     assert remote.reply(record, REPLY_FILE) is record
-    sent = BundleResult.decode(payload.read_reply((tmp_path / REPLY_FILE).read_text()))
+    sent = BundleResult.decode(payload.read_reply((tmp_path / REPLY_FILE).read_bytes()))
     assert sent.status is Status.ERROR and not sent.values
     assert "over TaskVine's" in sent.message and "keep_on_workers" in sent.message
 
 
 def test_what_the_manager_makes_of_a_calls_end() -> None:
     record = BundleResult(Status.OK, worker="w-1").encode()
-    text = payload.reply_text(record).decode()
-    ok = finished(Ended(7, True, text, "1.2.3.4:5", "h1", "success", 0))
+    data = payload.reply_bytes(record)
+    ok = finished(Ended(7, True, data, "1.2.3.4:5", "h1", "success", 0))
     assert (ok.id, ok.result, ok.addrport, ok.failure) == (7, record, "1.2.3.4:5", "")
     empty = finished(Ended(8, True, None, "1.2.3.4:5", "h1", "success", 0))
     assert empty.result is None and "no result from the library on h1" in empty.failure
-    cut = finished(Ended(9, True, text[: len(text) // 2], None, "h1", "success", 0))
+    cut = finished(Ended(9, True, data[: len(data) // 2], None, "h1", "success", 0))
     assert cut.result is None and "does not read" in cut.failure
     died = finished(Ended(10, False, None, None, "h2", "forsaken", 1))
     assert died.failure == "TaskVine result 'forsaken' on h2 (exit 1)"
+
+
+def test_a_reply_is_the_pickle_behind_a_head_naming_its_length() -> None:
+    """No base64: a reply over TaskVine's 1 KB is the result's pickle and a head of a few
+    bytes (NUL bytes and all, as a binary value's pickle holds them); one under it goes
+    without NUL bytes (the worker sends it as a C string); an earlier datavine's base64
+    still reads."""
+    value = bytes(range(256)) * 64  # NUL bytes and every other
+    record = BundleResult(Status.OK, values={"k": value}, worker="w-1").encode()
+    data = payload.reply_bytes(record)
+    blob = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+    head = payload.reply_frame(data[:payload.REPLY_HEAD_MAX])
+    assert head is not None and head[1] == len(blob) and data[head[0]:] == blob
+    assert len(data) - len(blob) < payload.REPLY_HEAD_MAX and b"\0" not in data[:head[0]]
+    assert payload.read_reply(data) == record
+    assert payload.read_reply(binascii.b2a_base64(blob, newline=False).decode()) == record
+    for not_a_head in (b"", b"DVR1 \n", b"DVR1 12", b"DVR1 x\n", b"gASV", b"DVR1 %d\n" % (
+            payload.REPLY_MAX + 1)):
+        assert payload.reply_frame(not_a_head) is None
+    with pytest.raises(ValueError, match="names"):
+        payload.read_reply(data + b"x")
+    small = BundleResult(Status.OK, values={"k": b"\0\1\2\1\0"}, worker="w-1").encode()
+    inline = payload.reply_bytes(small)
+    assert len(inline) <= payload.INLINE_MAX and b"\0" not in inline
+    assert payload.read_reply(inline) == small
+    for data in (b"\0\1\2\1\0\1\3\1", bytes(range(256)) * 3, b"", b"\1"):
+        assert payload.unescape(payload.escape(data)) == data
+        assert b"\0" not in payload.escape(data)
 
 
 @pytest.mark.taskvine
@@ -162,6 +192,8 @@ def test_real_calls_bring_small_and_large_replies_and_a_changed_function(
         # the replies count as bytes the manager received (TaskVine's counters miss them)
         summary = cluster.last_summary
         assert summary is not None and summary.traffic.manager > len(large), summary.traffic
+        # ... as they are: the pickle and a short head, not base64's third more
+        assert summary.traffic.manager < 1.2 * len(large), summary.traffic
         space["SCALE"] = 5
         assert cluster.get(graph, [("x", 3)]) == (15,)
         assert cluster.last_summary is not None and not cluster.last_summary.failures

@@ -8,8 +8,9 @@ worker with a ``getfile`` round trip and unlinks there. :class:`BundleCalls` mak
 call from the C functions that the bindings wrap (a task running the library's function, its
 arguments in a buffer, its features and files) without an output file: the library writes
 the result as the call's standard output, which the worker sends with its completion
-message (:mod:`datavine.worker.payload`'s reply). It keeps each call's task and argument
-buffer until TaskVine returns the call, then frees both.
+message (:mod:`datavine.worker.payload`'s reply; read as bytes by the port's reader). It
+keeps each call's task and argument buffer until TaskVine returns the call, then frees
+both.
 
 TaskVine's functions come from the TaskVine port (:mod:`datavine.manager.taskvine_port`,
 the one module that imports TaskVine), as a module object: :class:`VineC` names what is
@@ -18,7 +19,7 @@ called.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,7 +49,6 @@ class VineC(Protocol):
     def vine_task_get_exit_code(self, task: object, /) -> int: ...
     def vine_task_get_addrport(self, task: object, /) -> str | None: ...
     def vine_task_get_hostname(self, task: object, /) -> str | None: ...
-    def vine_task_get_stdout(self, task: object, /) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Ended:
 
     id: int
     ok: bool
-    reply: str | None
+    reply: bytes | None
     addrport: str | None
     hostname: str
     result: str
@@ -87,10 +87,12 @@ class Ended:
 
 class BundleCalls:
     """The calls of one manager (``manager``: its C pointer) to the datavine library (see
-    the module docstring)."""
+    the module docstring); ``reply`` reads a returned call's standard output as bytes."""
 
-    def __init__(self, c: VineC, manager: object, flags: Flags, function: str) -> None:
+    def __init__(self, c: VineC, manager: object, flags: Flags, function: str,
+                 reply: Callable[[object], bytes | None]) -> None:
         self._c = c
+        self._reply = reply
         self._manager = manager
         self._flags = flags
         self._function = function  # the library's function every call runs
@@ -161,7 +163,7 @@ class BundleCalls:
         try:
             result, exit_code = c.vine_task_get_result(task), c.vine_task_get_exit_code(task)
             ok = result == self._flags.success and exit_code == 0
-            return Ended(task_id, ok, c.vine_task_get_stdout(task) if ok else None,
+            return Ended(task_id, ok, self._reply(task) if ok else None,
                          c.vine_task_get_addrport(task), c.vine_task_get_hostname(task) or "?",
                          c.vine_result_string(result).lower().replace("_", " "), exit_code,
                          call.withdrawn)

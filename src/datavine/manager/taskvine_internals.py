@@ -18,6 +18,7 @@ TaskVine) hands the modules in.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
 import pickle
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from typing import Protocol, cast
 
 from datavine.manager.bundle_calls import VineC
 from datavine.manager.taskvine_types import VineFile, VineManager, VineTask
+from datavine.worker.payload import REPLY_HEAD_MAX, reply_frame
 
 # where a call's standard output is in its sandbox (vine_process.c): a bundle's result
 REPLY_FILE = ".taskvine.stdout"
@@ -142,6 +144,34 @@ class Internals:
             yield
         finally:
             del manager.declare_file  # the class's method again
+
+    def reply_reader(self) -> Callable[[object], bytes | None]:
+        """A reader of a returned call's standard output as bytes, NUL bytes included: the
+        bindings return it as a C string, which ends at the first NUL. TaskVine keeps it in a
+        buffer of its length plus a NUL (``vine_manager.c``'s ``get_stdout``), and a reply's
+        head (:func:`datavine.worker.payload.reply_frame`, no NUL in it) names the length of
+        what follows, so the reader asks ``vine_task_get_stdout`` for the pointer (through
+        ctypes, from the bindings' own library), reads at most the head up to the first NUL
+        (``strnlen``), then the length it names; output with no such head (text) is read up
+        to its NUL. It is only read for a call TaskVine returned whole (its result success:
+        an output cut short or over TaskVine's limit is not)."""
+        lib = ctypes.CDLL(str(self.library_file))
+        stdout = lib.vine_task_get_stdout
+        stdout.restype, stdout.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+        strnlen = ctypes.CDLL(None).strnlen
+        strnlen.restype = ctypes.c_size_t
+        strnlen.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        string_at = ctypes.string_at
+
+        def read(task: object) -> bytes | None:
+            at = stdout(int(cast(int, task)))
+            if not at:
+                return None
+            head = string_at(at, strnlen(at, REPLY_HEAD_MAX))
+            frame = reply_frame(head)
+            return string_at(at) if frame is None else string_at(at, frame[0] + frame[1])
+
+        return read
 
     def call_class(self) -> type:
         return in_memory_calls(self.vine)
@@ -266,6 +296,14 @@ def _call_stdout(it: Internals, worker: Path | None) -> str | None:
     return None if found else f"{worker} keeps no call's output in {REPLY_FILE}"
 
 
+def _call_reply(it: Internals, worker: Path | None) -> str | None:
+    try:
+        it.reply_reader()
+    except (OSError, AttributeError) as exc:
+        return f"{it.library_file.name}: {exc}"
+    return None
+
+
 # name -> check(internals, the vine_worker binary or None): None when it holds, else what
 # was found instead
 ASSUMPTIONS: dict[str, Callable[[Internals, Path | None], str | None]] = {
@@ -278,6 +316,7 @@ ASSUMPTIONS: dict[str, Callable[[Internals, Path | None], str | None]] = {
     "function-call-fields": _function_call,
     "debug-flags": _debug_flags,
     "call-output-file": _call_stdout,
+    "call-reply-bytes": _call_reply,
 }
 
 

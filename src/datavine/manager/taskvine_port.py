@@ -284,7 +284,7 @@ class TaskVinePort:
         self._vine_calls = BundleCalls(
             self._c, self._pointer,
             Flags(cvine.VINE_CACHE_LEVEL_TASK, cvine.VINE_TRANSFER_ALWAYS,
-                  cvine.VINE_RESULT_SUCCESS), "run_bundle")
+                  cvine.VINE_RESULT_SUCCESS), "run_bundle", self.internals.reply_reader())
         self._call_class = self.internals.call_class()  # the warm-up calls'
         self.library: str | None = None  # the installed library's name: bundles call it
         self._stats_seen: tuple[float, VineStats] | None = None  # (when, TaskVine's stats)
@@ -430,7 +430,7 @@ class TaskVinePort:
 
     def file_bytes(self) -> tuple[int, int]:
         """Bytes of files the manager sent and received so far, the calls' arguments (buffers)
-        and results (their standard output, as base64 text) included."""
+        and results (their standard output) included."""
         stats = self.manager.stats
         return int(stats.bytes_sent), int(stats.bytes_received) + self._replies_in
 

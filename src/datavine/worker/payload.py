@@ -18,11 +18,18 @@ runs (its code, or a global it reads by value) is sent again in the second; the 
 objects are named by the run, so a second run never finds the first one's. Functions that
 reach each other through their globals are pickled apart (each with what it needs).
 
-The reply (:func:`reply_text`, :func:`read_reply`): the library writes a call's result as the
+The reply (:func:`reply_bytes`, :func:`read_reply`): the library writes a call's result as the
 call's standard output, which TaskVine's worker sends to the manager with its completion
-message (inline up to 1 KB, else at the manager's request), so the manager fetches no result
-file. TaskVine keeps a standard output as a C string: the pickle goes as base64 (no NUL
-byte), and TaskVine keeps at most 1 GB of it (:data:`REPLY_MAX`).
+message when it is at most 1 KB (:data:`INLINE_MAX`), else at the manager's request (a
+round trip), so the manager fetches no result file. A larger result's pickle goes as it
+is, behind a short text head that names its length (:func:`reply_frame`): TaskVine keeps a
+standard output as a C string, which ends at the first NUL byte for whoever reads it as one
+(the bindings do), so the manager reads it by that length (``Internals.reply_reader``). A
+small one goes without NUL bytes (:func:`escape`: NUL and 0x01 as two bytes each, ~5% more
+on a result's pickle), because the worker sends what it sends inline as a C string (cut
+at its first NUL, the rest of the stream read as the output): so it stays inline (base64,
+a third more, took a small result over 1 KB and into the round trip). Base64 text, what an
+earlier datavine sent, still reads. TaskVine keeps at most 1 GB of it (:data:`REPLY_MAX`).
 
 Standard library and cloudpickle only: imported on workers.
 """
@@ -36,6 +43,7 @@ import pickle
 import types
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import cast
 
 import cloudpickle
 
@@ -67,27 +75,70 @@ def decode(payload: bytes) -> object:
 
 
 REPLY_MAX = 1 << 30  # TaskVine's manager keeps at most 1 GB of a task's standard output
+INLINE_MAX = 1024  # TaskVine's worker sends at most this much with its completion message
+REPLY_HEAD = b"DVR1 "  # a reply's head: this, the pickle's length in decimal, a newline
+REPLY_HEAD_MAX = 24  # bytes enough for any head (no NUL in it)
+ESCAPED_HEAD = b"DVE1\n"  # a small reply's head: the pickle follows, escaped
+_ESC, _ESC_NUL, _ESC_ESC = b"\x01", b"\x01\x02", b"\x01\x03"
 
 
-def reply_text(record: Mapping[str, object]) -> bytes:
-    """A call's encoded result as the text its standard output carries (base64 of its
-    pickle: plain data, so pickle's C pickler)."""
-    try:
-        blob = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+def _result_pickle(record: Mapping[str, object]) -> bytes:
+    try:  # plain data, so pickle's C pickler
+        return pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # a key pickle cannot name (dask keys are plain, but)
-        blob = cloudpickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
-    return binascii.b2a_base64(blob, newline=False)
+        return cast(bytes, cloudpickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def read_reply(text: str | None) -> object:
-    """The encoded result in a call's standard output (:func:`reply_text`'s); ValueError
-    when there is none or it is cut."""
-    if not text:
+def escape(data: bytes) -> bytes:
+    """``data`` without NUL bytes: 0x01 as 0x01 0x03, then NUL as 0x01 0x02 (pure)."""
+    return data.replace(_ESC, _ESC_ESC).replace(b"\0", _ESC_NUL)
+
+
+def unescape(data: bytes) -> bytes:
+    """:func:`escape` undone (pure)."""
+    return data.replace(_ESC_NUL, b"\0").replace(_ESC_ESC, _ESC)
+
+
+def reply_bytes(record: Mapping[str, object]) -> bytes:
+    """A call's encoded result as its standard output carries it (see the module
+    docstring): its pickle behind a head naming its length, or escaped when that fits in
+    :data:`INLINE_MAX` bytes."""
+    blob = _result_pickle(record)
+    framed = b"%s%d\n%s" % (REPLY_HEAD, len(blob), blob)
+    return framed if len(framed) > INLINE_MAX else ESCAPED_HEAD + escape(blob)
+
+
+def reply_frame(head: bytes) -> tuple[int, int] | None:
+    """(length of the head, length of the pickle after it) that the first bytes of a reply
+    (``head``, up to :data:`REPLY_HEAD_MAX`) name; None when they are no framed reply's
+    head (an escaped reply, base64 text: both end at their first NUL)."""
+    if not head.startswith(REPLY_HEAD):
+        return None
+    end = head.find(b"\n", len(REPLY_HEAD))
+    digits = head[len(REPLY_HEAD):end]
+    if end < 0 or not digits.isdigit() or int(digits) > REPLY_MAX:
+        return None
+    return end + 1, int(digits)
+
+
+def read_reply(data: bytes | str | None) -> object:
+    """The encoded result in a call's standard output (:func:`reply_bytes`'s, or an earlier
+    datavine's base64 text); ValueError when there is none or it is cut."""
+    if not data:
         raise ValueError("it sent an empty reply")
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    frame = reply_frame(raw[:REPLY_HEAD_MAX])
     try:
-        return pickle.loads(binascii.a2b_base64(text))
+        if frame is not None:
+            if len(raw) != frame[0] + frame[1]:
+                raise ValueError(f"its reply of {len(raw)} bytes names "
+                                 f"{frame[0] + frame[1]} bytes")
+            return pickle.loads(memoryview(raw)[frame[0]:])
+        if raw.startswith(ESCAPED_HEAD):
+            return pickle.loads(unescape(raw[len(ESCAPED_HEAD):]))
+        return pickle.loads(binascii.a2b_base64(raw))  # an earlier datavine's
     except (binascii.Error, pickle.UnpicklingError, EOFError) as exc:
-        raise ValueError(f"its reply of {len(text)} bytes does not read: {exc}") from None
+        raise ValueError(f"its reply of {len(raw)} bytes does not read: {exc}") from None
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships no types

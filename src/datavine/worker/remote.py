@@ -153,21 +153,21 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
 
 def reply(record: dict[str, object], reply_file: str | None) -> dict[str, object]:
     """Write a call's encoded result to ``reply_file`` in the call's sandbox (none: nothing),
-    as :func:`datavine.worker.payload.reply_text`; one over TaskVine's limit becomes an error
+    as :func:`datavine.worker.payload.reply_bytes`; one over TaskVine's limit becomes an error
     that says so. Returns ``record``. A sandbox that is gone (the call was cancelled) is
     left so: nobody waits for that result."""
     if reply_file is None:
         return record
-    text = payload_codec.reply_text(record)
-    if len(text) > payload_codec.REPLY_MAX:
-        text = payload_codec.reply_text(dataclasses.replace(
+    data = payload_codec.reply_bytes(record)
+    if len(data) > payload_codec.REPLY_MAX:
+        data = payload_codec.reply_bytes(dataclasses.replace(
             BundleResult.decode(record), status=Status.ERROR, values={}, stored={},
-            message=f"the bundle's results take {len(text) / 2**20:,.0f} MiB as a reply, "
+            message=f"the bundle's results take {len(data) / 2**20:,.0f} MiB as a reply, "
                     f"over TaskVine's {payload_codec.REPLY_MAX / 2**20:,.0f} MiB: keep large "
                     "values on workers (RunConfig.keep_on_workers) or make them "
                     "smaller").encode())
     with contextlib.suppress(OSError), open(reply_file, "wb") as f:
-        f.write(text)
+        f.write(data)
     return record
 
 
