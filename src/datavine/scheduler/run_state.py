@@ -20,7 +20,8 @@ the calls in flight, the dispatcher's held bundles and the planner agree.
 
 The decisions are the pure modules': bundles from :mod:`datavine.scheduler.bundling`, placement from
 :mod:`datavine.scheduler.dispatch`, backup copies from :mod:`datavine.scheduler.run_copies`
-(deciding with :mod:`datavine.scheduler.speculation`), caps from
+(deciding with :mod:`datavine.scheduler.speculation`), failed calls' retries from
+:mod:`datavine.scheduler.run_failures`, caps from
 :mod:`datavine.scheduler.memory`, kept values from
 :mod:`datavine.scheduler.intermediates`. What a manager learns across runs (costs, memory peaks,
 workers and racks, shard health) is one
@@ -39,13 +40,9 @@ import cloudpickle
 
 from datavine.config import RunConfig
 from datavine.errors import (
-    BundleFailedError,
-    MemoryCapError,
     NoWorkersError,
-    RemoteTaskError,
     RunTimeoutError,
     TaskLoadError,
-    TaskTimeLimitError,
 )
 from datavine.io.shards import logical_name
 from datavine.protocol import BundleResult, BundleSpec, ProtocolError, Status
@@ -58,12 +55,12 @@ from datavine.scheduler.intermediates import Intermediates, Plan
 from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
 from datavine.scheduler.longest_first import longest_first
-from datavine.scheduler.memory import GiveUp
 from datavine.scheduler.network import Finding
 from datavine.scheduler.once import FirstSeen
 from datavine.scheduler.pieces import task_entries
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.run_copies import SPECULATE_EVERY_S, BackupCopies
+from datavine.scheduler.run_failures import FailedCalls, shown, task_error
 from datavine.scheduler.run_messages import (
     CallDone,
     CallWithdrawn,
@@ -93,7 +90,7 @@ class _Failed(Exception):
 
 
 @dataclass
-class RunState(BackupCopies):
+class RunState(BackupCopies, FailedCalls):
     """The state of one ``get`` call; nothing of it outlives the call but ``learned``."""
 
     graph: graphs.TaskGraph
@@ -266,7 +263,7 @@ class RunState(BackupCopies):
         if bundle is not None:
             self._move(bundle, Phase.FAILED, reason=reason, detail=detail or str(error))
             error.add_note(
-                f"datavine: the story of bundle {bundle.id} (tasks {_shown(bundle.keys)}; "
+                f"datavine: the story of bundle {bundle.id} (tasks {shown(bundle.keys)}; "
                 "cluster.story(key) or datavine story RUN.json tells it again):\n"
                 + tell(self.life.keys_story(bundle.keys), limit=STORY_LINES))
         raise _Failed(error)
@@ -537,17 +534,17 @@ class RunState(BackupCopies):
             self.planner.requeue(entry.bundle)
         elif status is Status.LOAD:
             self._fail(TaskLoadError(
-                f"worker {where} could not load tasks {_shown(entry.bundle.keys)}: "
+                f"worker {where} could not load tasks {shown(entry.bundle.keys)}: "
                 f"{result.message}. Install the module in the workers' environment, or "
                 "send it by value: RunConfig(pickle_by_value=('module',)).\n"
                 f"{result.traceback}"), entry.bundle, Reason.LOAD, result.message)
         elif status is Status.PROTOCOL:
             self._fail(ProtocolError(
                 f"worker {where} could not read bundle {entry.bundle.id} (tasks "
-                f"{_shown(entry.bundle.keys)}): {result.message}"), entry.bundle,
+                f"{shown(entry.bundle.keys)}): {result.message}"), entry.bundle,
                 Reason.PROTOCOL, result.message)
         else:
-            self._fail(_task_error(entry.bundle, result, where), entry.bundle,
+            self._fail(task_error(entry.bundle, result, where), entry.bundle,
                        Reason.TASK_ERROR, f"on {where}: {result.message}")
 
     def _accept(self, entry: Inflight, result: BundleResult, addrport: str | None,
@@ -612,109 +609,6 @@ class RunState(BackupCopies):
                     self.learned.shard_health.mark_failed(server, self.now)
         return known.id if known is not None else "?"
 
-    def _overrun(self, entry: Inflight, result: BundleResult, where: str) -> None:
-        memory = self.learned.memory
-        peak = result.peak_mb
-        cap = float(entry.cap_mb or result.cap_mb or 0.0)
-        stats = self.summary.categories[entry.category]
-        stats.overruns += 1
-        stats.peak_mb = max(stats.peak_mb, peak)
-        how = (f"were killed by SIGKILL under their {cap:.0f} MB cap (an out-of-memory killer)"
-               if result.oom else f"went over their {cap:.0f} MB cap")
-        failure = f"tasks {_shown(entry.bundle.keys)} {how} on {where} (peak {peak:.0f} MB)"
-        self.summary.failures.append(failure)
-        assert memory is not None
-        decision = memory.after_overrun(entry.category, cap, peak)
-        if isinstance(decision, GiveUp):
-            self._fail(MemoryCapError(entry.bundle.keys, entry.category, peak, cap,
-                                      decision.reason), entry.bundle, Reason.MEMORY, failure)
-        for key in entry.bundle.keys:  # a requeued task may come back in another bundle
-            self.cap_override[key] = decision.cap_mb
-        stats.cap_mb = decision.cap_mb
-        self.summary.retries += 1
-        self._move(entry.bundle, Phase.RETRIED, reason=Reason.MEMORY,
-                   detail=f"{how} on {where} (peak {peak:.0f} MB): next under "
-                          f"{decision.cap_mb:.0f} MB")
-        self.planner.requeue(entry.bundle)
-
-    def _input_failed(self, entry: Inflight, result: BundleResult, where: str) -> None:
-        """A shard failed under a running read: cool it down and run the bundle again (its
-        reads then fail over to the next shard)."""
-        server = str(result.server)
-        self.learned.shard_health.mark_failed(server, self.now)
-        error = f"{server}: {result.message or '?'}"
-        self.summary.reads.failovers += 1
-        self.summary.reads.failover_errors.append(
-            f"tasks {_shown(entry.bundle.keys)} on {where}: {error}")
-        self._retry(entry.bundle, Reason.INPUT,
-                    f"input server failed during a read ({error}) on {where}",
-                    to=Phase.FAILED_OVER)
-
-    def _recover(self, lost: list[Key]) -> None:
-        """Values kept on a worker that left are gone: run their producers again (and what
-        those need whose values are gone too); calls waiting to fetch them are withdrawn
-        and planned again once the values exist."""
-        if not lost:
-            return
-        undone = self.planner.undo(lost, self._available)
-        lost_set = set(lost)
-        self.life.note(sorted(lost_set & undone, key=self.graph.priority.__getitem__),
-                       self.now, "its value, kept on a worker, was lost with it: run again")
-        self.life.note(sorted(undone - lost_set, key=self.graph.priority.__getitem__),
-                       self.now, "run again: its value is needed to make a lost one again")
-        for call, entry in list(self.inflight.items()):
-            if lost_set & entry.plan.fetch.keys():  # ready again once its inputs are
-                self._withdraw(call, Again(Reason.REQUEUED, "an input it fetches was lost "
-                                            "with the worker that kept it", retry=False))
-        for copy, entry in list(self.backups.items()):
-            if lost_set & entry.plan.fetch.keys() and copy in self.copied_from:
-                self._cancel_copy(self.copied_from[copy], "an input it fetches was lost")
-        self.summary.recomputed += len(undone)
-        self.summary.failures.append(
-            f"{len(lost)} values kept on lost workers: {len(undone)} tasks run again "
-            f"({_shown(sorted(undone, key=self.graph.priority.__getitem__))})")
-
-    def _available(self, key: Key) -> bool:
-        return key in self.values or key in self.kept.held
-
-    def _over_time(self, entry: Inflight, result: BundleResult, where: str) -> None:
-        """A task ran past its time limit and was stopped: once more elsewhere (a stalled
-        read may not stall twice), then the run fails naming it."""
-        key = result.key
-        keys = [key] if key in entry.bundle.keys else entry.bundle.keys
-        self.timed_out.update(keys)
-        limit = float(result.limit_s or 0.0)
-        self.summary.timeouts += 1
-        failure = f"tasks {_shown(keys)} on {where}: {result.message}"
-        self.summary.failures.append(failure)
-        worst = max(keys, key=self.timed_out.__getitem__)
-        if self.timed_out[worst] > 1:
-            self._fail(TaskTimeLimitError(worst, self.graph.category(worst), limit,
-                                          self.timed_out[worst], where), entry.bundle,
-                       Reason.TIME_LIMIT, failure)
-        self.summary.retries += 1
-        self._move(entry.bundle, Phase.RETRIED, reason=Reason.TIME_LIMIT,
-                   detail=f"{failure}; once more, anywhere")
-        self.dispatch.anywhere.update(entry.bundle.keys)
-        self.planner.requeue(entry.bundle)
-
-    def _retry(self, bundle: Bundle, why: Reason, reason: str, *, to: Phase = Phase.RETRIED,
-               anywhere: bool = False) -> None:
-        """Its tasks back to the planner, an attempt counted (``to``: the phase the bundle
-        ends in); the run fails once a task has had ``RunConfig.max_retries`` retries."""
-        if anywhere:
-            self.dispatch.anywhere.update(bundle.keys)
-        self.attempts.update(bundle.keys)
-        bundle.attempts = max(self.attempts[k] for k in bundle.keys)
-        self.summary.failures.append(f"bundle {bundle.id} ({len(bundle.keys)} tasks): {reason}")
-        if bundle.attempts > self.cfg.max_retries:
-            self._fail(BundleFailedError(bundle.keys, bundle.attempts, reason), bundle, why,
-                       reason)
-        self.summary.retries += 1
-        self._move(bundle, to, reason=why,
-                   detail=f"{reason} (attempt {bundle.attempts} of {self.cfg.max_retries + 1})")
-        self.planner.requeue(bundle)
-
 
 def _sent_to(target: Target, cap_mb: float | None, placement: Placement) -> str:
     """Where a bundle went, in words: worker, rack or anywhere, its cap, why there."""
@@ -723,27 +617,3 @@ def _sent_to(target: Target, cap_mb: float | None, placement: Placement) -> str:
     cap = f", cap {cap_mb:.0f} MB" if cap_mb else ""
     why = f" ({placement.reason})" if placement.reason else ""
     return f"{where}{cap}{why}"
-
-
-def _task_error(bundle: Bundle, result: BundleResult, where: str) -> BaseException:
-    """The error a failed task raised (unpickled, with a note naming the task and the remote
-    traceback), or a :class:`RemoteTaskError` when it cannot be rebuilt here."""
-    key = result.key
-    tb = result.traceback
-    if key is None:  # the bundle's process died (a signal): name its tasks
-        key = bundle.keys[0] if len(bundle.keys) == 1 else _shown(bundle.keys)
-    blob = result.exception
-    if blob is not None:
-        try:
-            exc = cloudpickle.loads(blob)
-        except Exception:
-            exc = None
-        if isinstance(exc, BaseException):
-            exc.add_note(f"datavine: task {key!r} failed on {where}; remote traceback:\n{tb}")
-            return exc
-    return RemoteTaskError(key, result.message or "?", tb, where)
-
-
-def _shown(keys: list[Key]) -> str:
-    return ", ".join(repr(k) for k in keys[:3]) + (f" ... ({len(keys)} in all)"
-                                                   if len(keys) > 3 else "")
