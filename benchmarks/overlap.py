@@ -70,7 +70,7 @@ def drive(plan_path: Path) -> int:
                                prefetch_mb=plan["prefetch_mb"],
                                bundles_per_slot=plan["bundles_per_slot"])
     with datavine.Cluster(facility.manager, run, min_workers=len(WORKER_HOSTS),
-                          connect_timeout_s=90) as cluster:
+                          connect_timeout_s=90, dashboard=False) as cluster:
         graph = analysis_graph(XCacheShards(shards), chunks)
         t0 = time.monotonic()
         (result,) = dask.compute(graph, scheduler=cluster.get)
