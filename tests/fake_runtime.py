@@ -14,7 +14,7 @@ import itertools
 import os
 import tempfile
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,9 @@ class FakeRuntime:
 
     def call_worker(self, task_id: int) -> str | None:
         return None
+
+    def call_places(self, task_ids: Iterable[int]) -> dict[int, tuple[str, str | None]]:
+        return {t: (self.call_state(t), self.call_worker(t)) for t in task_ids}
 
     def declare_temp(self) -> FakeFile:
         file = FakeFile()

@@ -118,10 +118,11 @@ class GraphRun:
         gone, lost_addr = self.rt.drop_lost_workers()
         requeued = frozenset(c for t in self.rt.requeued(now)
                              if (c := self.calls.get(t)) is not None)
-        states = {call: self.rt.call_state(task) for call, task in self.tasks.items()}
+        places = self.rt.call_places(self.tasks.values())  # every call's, in one go
+        states = {call: places[task][0] for call, task in self.tasks.items()}
         self.rt.check_library()  # raises once the library keeps dying
         where = {call: addr for call, task in self.tasks.items()
-                 if states[call] not in (TASK_READY, "") and (addr := self.rt.call_worker(task))}
+                 if states[call] not in (TASK_READY, "") and (addr := places[task][1])}
         self.pool = self.rt.pool_size()
         sample = PoolSample(now, *self.pool, states,
                             requeued, frozenset(gone), frozenset(lost_addr),

@@ -15,7 +15,7 @@ No TaskVine here, and nothing that imports it: the protocols only name what is c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -72,6 +72,11 @@ class CallPort(Protocol):
 
     def call_worker(self, task_id: int) -> str | None:
         """The address of the worker a call runs on, if any."""
+        ...
+
+    def call_places(self, task_ids: Iterable[int]) -> Mapping[int, tuple[str, str | None]]:
+        """Each call's state and, once it is not READY, its worker's address (None where
+        unknown), read in one go (a pool sample reads every call out)."""
         ...
 
     def declare_temp(self) -> object:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +205,9 @@ class Runtime:
 
     def call_worker(self, task_id: int) -> str | None:
         return self.taskvine.call_worker(task_id)
+
+    def call_places(self, task_ids: Iterable[int]) -> dict[int, tuple[str, str | None]]:
+        return self.taskvine.call_places(task_ids)
 
     def declare_temp(self) -> object:
         return self.taskvine.declare_temp()

@@ -33,7 +33,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -404,6 +404,10 @@ class TaskVinePort:
 
     def call_worker(self, task_id: int) -> str | None:
         return self._vine_calls.worker(task_id)
+
+    def call_places(self, task_ids: Iterable[int]) -> dict[int, tuple[str, str | None]]:
+        """(state, worker address) of each call, read in one go (:meth:`BundleCalls.places`)."""
+        return self._vine_calls.places(task_ids)
 
     def declare_temp(self) -> object:
         """A TaskVine temp file: made by a call, kept in its worker's cache."""
