@@ -172,7 +172,7 @@ def test_a_call_goes_to_the_idle_worker_not_behind_a_running_one(
     rt, results = two_workers, Results(two_workers)
     for round_ in range(3):  # the same order each time: the walk's first worker is fixed
         first = submit(rt, 3.0, tmp_path / f"first-{round_}")
-        assert results.until(lambda: rt.call_state(first) == "RUNNING", 30)
+        assert results.until(lambda first=first: rt.call_state(first) == "RUNNING", 30)
         second = submit(rt, 0.0, tmp_path / f"second-{round_}")
         got = results.wait_for({second}, 30)
         assert second in got and got[second].ok

@@ -118,6 +118,12 @@ class ShardHealth:
         self._until[name] = now + delay
         return self._until[name]
 
+    def read_around(self, shard: Shard | str, until: float) -> None:
+        """Skip ``shard`` until ``until`` as for a failure, without counting one: it serves,
+        slowly (:mod:`datavine.scheduler.shard_pace`)."""
+        name = shard if isinstance(shard, str) else shard.name
+        self._until[name] = max(self._until.get(name, until), until)
+
     def mark_ok(self, shard: Shard | str) -> None:
         name = shard if isinstance(shard, str) else shard.name
         self._until.pop(name, None)

@@ -34,3 +34,5 @@ class Inflight:
     cap_mb: float | None
     plan: Plan
     again: Again | None = None
+    sent: float = 0.0  # when it was sent
+    shard: str | None = None  # the one shard its files are read through, when one

@@ -18,6 +18,7 @@ from datavine.io.shards import ShardHealth
 from datavine.scheduler.bundling import CostModel
 from datavine.scheduler.memory import MemoryState
 from datavine.scheduler.network import NetworkWatch
+from datavine.scheduler.shard_pace import ShardPace
 from datavine.scheduler.topology import Topology
 
 
@@ -35,6 +36,7 @@ class Learned:
     topology: Topology
     shard_health: ShardHealth
     network: NetworkWatch = field(default_factory=NetworkWatch)
+    shard_pace: ShardPace = field(default_factory=ShardPace)
     largest_output: dict[str, int] = field(default_factory=dict)
 
     @classmethod

@@ -81,6 +81,7 @@ from datavine.scheduler.topology import Target, counted_tier
 
 Key = Hashable
 TASK_READY = "READY"  # TaskVine's state of a call submitted and not dispatched to a worker
+PACE_EVERY_S = 0.25  # the shards' pace is judged at most this often (shard_pace.py)
 STORY_LINES = 20  # a failed run's error notes at most this many steps of its bundle's story
 
 
@@ -138,6 +139,7 @@ class RunState(BackupCopies, FailedCalls):
         self.copied_from: dict[int, int] = {}  # copy -> the call it copies
         self.lanes = Lanes(self._cores_of)
         self._speculated_at = float("-inf")
+        self._paced_at = float("-inf")
 
     # --- the interface ----------------------------------------------------------------------
     @property
@@ -295,6 +297,10 @@ class RunState(BackupCopies, FailedCalls):
         for bundle in self.dispatch.newly_held:  # those held before are HELD already
             if bundle.id not in self.life.bundles:
                 self._move(bundle, Phase.HELD, detail="waits for a slot near its files")
+        shardmap = cfg.shardmap
+        if (shardmap is not None and len(shardmap.shards) > 1
+                and tick.now - self._paced_at >= PACE_EVERY_S):
+            self._pace_shards(tick.now)
         if (cfg.speculation and self.inflight and not self.planner.n_ready
                 and not len(self.dispatch.held)
                 and tick.now - self._speculated_at >= SPECULATE_EVERY_S):
@@ -304,6 +310,38 @@ class RunState(BackupCopies, FailedCalls):
             free = tick.cores - len(self.lanes.began) - unplaced
             if free > 0:
                 self._speculate(tick.now, free)
+
+    def _one_shard(self, bundle: Bundle) -> str | None:
+        """The one XCache shard a bundle's files are read through now (None: no shards,
+        several, or the origin)."""
+        if not bundle.files or self.cfg.shardmap is None:
+            return None
+        shards = {self.dispatch.shard_now(logical_name(f), self.now) for f in bundle.files}
+        shard = shards.pop() if len(shards) == 1 else None
+        return shard.name if shard is not None and not shard.is_origin else None
+
+    def _read_around(self, avoid: tuple[str, ...]) -> tuple[str, ...]:
+        """A call's shards to read around: its own (a backup copy's), and every shard the
+        manager skips now (failed, or slow: :meth:`_pace_shards`)."""
+        if self.cfg.shardmap is None:
+            return avoid
+        skipped = self.learned.shard_health.failed(self.now)
+        return tuple(sorted({*avoid, *skipped})) if skipped else avoid
+
+    def _pace_shards(self, now: float) -> None:
+        """Judge the shards' pace (:mod:`datavine.scheduler.shard_pace`): a shard whose
+        bundles take ``factor`` x the others' is read around for a while; the summary says
+        so. Placement (held bundles are decided again) and the next calls' reads go to the
+        next shard in line."""
+        self._paced_at = now
+        pace, health = self.learned.shard_pace, self.learned.shard_health
+        running = [(e.category, e.shard, now - self.lanes.began.get(call, e.sent))
+                   for call, e in self.inflight.items() if e.shard is not None]
+        for slow in pace.judge(running, skip=health.failed(now)):
+            health.read_around(slow.shard, now + pace.hold_s)
+            pace.forget(slow.shard)
+            self.summary.reads.slow_shards.append(f"at {now - self.start:.1f} s: "
+                                                  f"{slow.describe()} for {pace.hold_s:.0f} s")
 
     def _submit(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory
@@ -319,7 +357,8 @@ class RunState(BackupCopies, FailedCalls):
                 ] if cfg.keep_on_workers and self.learned.network.keep_on_workers else []
         plan = self.kept.plan(keep, bundle.inputs)
         call = self._send(bundle, plan, target, cap_mb, categories)
-        self.inflight[call] = Inflight(bundle, target, category, cap_mb, plan)
+        self.inflight[call] = Inflight(bundle, target, category, cap_mb, plan, sent=self.now,
+                                       shard=self._one_shard(bundle))
         if target.worker is not None:
             self.lanes.place(call, target.worker, self.now)
         self._move(bundle, Phase.SENT, call=call, detail=_sent_to(target, cap_mb, placement))
@@ -355,7 +394,7 @@ class RunState(BackupCopies, FailedCalls):
             categories=dict(categories),
             shardmap=self.cfg.shardmap,
             limits=limits,
-            avoid=avoid,
+            avoid=self._read_around(avoid),
             cache_mb=self.cfg.column_cache_budget_mb(cap_mb),  # io/column_cache.py
             cache_epoch=self.learned.topology.cache_epoch,
             cache_rss_mb=self.cfg.column_cache_rss_mb(cap_mb),
@@ -571,6 +610,8 @@ class RunState(BackupCopies, FailedCalls):
             + (f"; {how}" if how else "")))
         peak = result.peak_mb
         worker = self._note_worker(result, addrport, bundle)
+        if entry.shard is not None and {r["server"] for r in result.reads} == {entry.shard}:
+            self.learned.shard_pace.observe(entry.category, entry.shard, result.wall_s)
         if self.learned.memory is not None and entry.cap_mb:
             self.learned.memory.record_peak(entry.category, peak, min(result.cache_mb, peak))
         summary = self.summary

@@ -43,6 +43,7 @@ class ReadStats:
     opens: int = 0
     failovers: int = 0
     failover_errors: list[str] = field(default_factory=list)
+    slow_shards: list[str] = field(default_factory=list)  # read around (shard_pace.py)
 
     @property
     def near_fraction(self) -> float:
@@ -219,7 +220,8 @@ class RunSummary:
                       "prefetched_opens": reads.prefetched_opens,
                       "near_fraction": reads.near_fraction, "by_server": dict(reads.by_server),
                       "opens": reads.opens, "failovers": reads.failovers,
-                      "failover_errors": list(reads.failover_errors)},
+                      "failover_errors": list(reads.failover_errors),
+                      "slow_shards": list(reads.slow_shards)},
             "samples": [list(s) for s in self.samples],
             "completions": [(t, str(k), w) for t, k, w in self.completions],
             "notes": list(self.notes),
@@ -252,6 +254,7 @@ class RunSummary:
                        f"{r.far_bytes / mb:,.1f} MB far ({r.near_fraction:.1%} near), "
                        f"{r.failovers} failovers")
             out.extend(f"    failover: {e}" for e in r.failover_errors[:5])
+            out.extend(f"    slow: {e}" for e in r.slow_shards)
             if r.prefetched_opens:
                 out.append(f"  prefetch: {r.prefetched_bytes / mb:,.1f} MB read ahead while "
                            f"the bundle before computed, in {r.prefetched_opens} of "

@@ -1,0 +1,121 @@
+"""The shards' pace (scheduler/shard_pace.py): a shard whose bundles take several times what
+the other shards' take, in the same category, is read around; a run reads around it."""
+
+from __future__ import annotations
+
+import cloudpickle
+
+from datavine.config import RunConfig
+from datavine.io.shards import ShardHealth
+from datavine.scheduler.shard_pace import ShardPace
+
+
+def pace_with(times: dict[str, list[float]], category: str = "chunk") -> ShardPace:
+    pace = ShardPace(factor=3.0, min_samples=2)
+    for shard, seconds in times.items():
+        for s in seconds:
+            pace.observe(category, shard, s)
+    return pace
+
+
+def test_a_shard_several_times_slower_than_the_others_is_found() -> None:
+    pace = pace_with({"xcache-a": [2.0, 2.4, 2.2], "xcache-b": [0.5, 0.6, 0.55]})
+    (slow,) = pace.judge()
+    assert slow.shard == "xcache-a" and slow.ratio > 3.0
+    assert "xcache-a" in slow.describe() and "next shard in line" in slow.describe()
+
+
+def test_shards_within_the_factor_or_with_few_samples_are_not_judged() -> None:
+    assert pace_with({"a": [1.0, 1.2, 1.1], "b": [0.5, 0.6]}).judge() == []
+    assert pace_with({"a": [5.0], "b": [0.5, 0.6]}).judge() == []  # one sample is no pace
+    assert pace_with({"a": [5.0, 5.0]}).judge() == []  # nothing to compare with
+    # 6x, but milliseconds (a cold cache against a warm one): no straggler
+    assert pace_with({"a": [0.06, 0.07], "b": [0.01, 0.012]}).judge() == []
+
+
+def test_categories_are_compared_within_themselves() -> None:
+    pace = ShardPace(factor=3.0, min_samples=2)
+    for s in (2.0, 2.1):  # a heavy category on a, a light one on b: no comparison
+        pace.observe("heavy", "a", s)
+        pace.observe("light", "b", s / 10)
+    assert pace.judge() == []
+
+
+def test_calls_still_running_on_a_shard_count_once_past_the_bar() -> None:
+    pace = pace_with({"b": [0.5, 0.5, 0.6]})
+    # the slow shard's calls have not ended: they are its evidence
+    assert pace.judge(running=[("chunk", "a", 1.0), ("chunk", "a", 1.2)]) == []
+    (slow,) = pace.judge(running=[("chunk", "a", 2.0), ("chunk", "a", 2.5)])
+    assert slow.shard == "a"
+    assert pace.judge(running=[("chunk", "a", 2.0), ("chunk", "a", 2.5)], skip=["a"]) == []
+
+
+def test_a_slow_shard_is_skipped_for_a_while_without_a_failure_counted() -> None:
+    health = ShardHealth()
+    health.read_around("a", until=60.0)
+    assert not health.is_healthy("a", 10.0) and health.failed(10.0) == ["a"]
+    assert health.is_healthy("a", 60.0)
+    health.mark_failed("a", 61.0)  # a real failure later starts at the first strike
+    assert health.failed(61.0 + health.cooldown_s - 1) == ["a"]
+    assert health.is_healthy("a", 61.0 + health.cooldown_s)
+
+
+def read_file(path: str) -> int:
+    return len(path)
+
+
+def test_a_run_reads_around_a_slow_shard_and_says_so() -> None:
+    """Two shards; the bundles through one take 4x the others': the run judges it slow,
+    the next bundles of its files are read through the other shard (their call says to read
+    around it, and the state machine's shard for them is the other one), and the summary
+    says so."""
+    from dataclasses import replace
+
+    from datavine.io.shards import Shard, ShardMap, logical_name
+    from datavine.protocol import BundleResult, Status
+    from datavine.scheduler import graph as graphs
+    from datavine.scheduler.learned import Learned
+    from datavine.scheduler.run_messages import CallDone, Submit, Tick
+    from datavine.scheduler.run_state import RunState
+
+    shardmap = ShardMap([Shard("root://a.example:1094", name="xcache-a"),
+                         Shard("root://b.example:1094", name="xcache-b")],
+                        origin="root://origin.example:1094")
+    files = [f"root://origin.example:1094//store/f{i}.root" for i in range(24)]
+    homes = {f: shardmap.shard_for(logical_name(f)).name for f in files}
+    assert set(homes.values()) == {"xcache-a", "xcache-b"}
+    dsk = {("read", i): (read_file, f) for i, f in enumerate(files)}
+    cfg = RunConfig(memory=None, bundles_per_slot=1, shardmap=shardmap, speculation=False,
+                    placement=None, target_bundle_s=1e-6, max_bundle_tasks=1)
+    state = RunState(graphs.build(dsk, list(dsk)), cfg, Learned.fresh(cfg), now=0.0)
+    now, out = 0.0, {}
+    seen_avoid: dict[str, list[tuple[str, ...]]] = {"xcache-a": [], "xcache-b": []}
+    for _ in range(200):
+        if state.finished:
+            break
+        now += 0.3
+        for ins in state.handle(Tick(now, 4, 4)):
+            if isinstance(ins, Submit):
+                out[ins.call] = ins
+        for call, ins in list(out.items())[:4]:
+            ((key, _),) = ins.spec.nodes
+            path = files[key[1]]
+            entry = state.inflight[call]
+            served = entry.shard or homes[path]
+            seen_avoid[homes[path]].append(ins.spec.avoid)
+            wall = 1.2 if served == "xcache-a" else 0.3  # xcache-a is 4x slower
+            result = BundleResult(Status.OK, values={key: cloudpickle.dumps(len(path))},
+                                  reads=[{"lfn": logical_name(path), "server": served,
+                                          "rack": None, "bytes": 1000, "failovers": 0,
+                                          "errors": ()}],
+                                  timing={"read_file": (1, wall)}, wall_s=wall)
+            del out[call]
+            state.handle(CallDone(call, replace(result), "w1:9000", now))
+    assert state.finished
+    assert state.results() == {k: len(files[k[1]]) for k in dsk}
+    (said,) = state.summary.reads.slow_shards
+    assert "xcache-a" in said and "next shard in line" in said
+    assert "xcache-a" in state.learned.shard_health.failed(now)
+    late = seen_avoid["xcache-a"][-3:]  # the last calls of xcache-a's files read around it
+    assert late and all("xcache-a" in avoid for avoid in late), seen_avoid["xcache-a"]
+    assert not any("xcache-a" in a for a in seen_avoid["xcache-a"][:2])
