@@ -74,3 +74,28 @@ def test_scheduler_receives_what_dask_version_gives() -> None:
     # one call for both collections, whatever type this dask gives, its keys all built
     ((keys, outputs),) = seen
     assert isinstance(keys, list) and len(keys) == 2 and outputs == set(flatten(keys)), keys
+
+
+def test_delayed_graphs_skip_dasks_cull_and_build_the_same() -> None:
+    """A graph of ``dask.delayed`` calls is taken unculled (dask's cull is O(layers x keys),
+    and build culls anyway): the same nodes, dependencies and results as dask's optimized
+    graph; any other collection, or delayed with fusion asked for, goes through dask's
+    optimizer."""
+    from dask.base import collections_to_expr
+
+    parts = [delayed(operator.mul, pure=True)(i, 2, dask_key_name=f"p-{i}") for i in range(20)]
+    total = delayed(sum, pure=True)(parts, dask_key_name="total")
+    unused = delayed(operator.neg)(7, dask_key_name="unused")  # not asked for
+    expr = collections_to_expr([total])
+    unculled = graph._delayed_graphs(expr)
+    assert unculled is not None and "total" in unculled and "unused" not in unculled
+    fast = graph.build(expr, [["total"]])
+    slow = graph.build(dict(collections_to_expr([total]).__dask_graph__()), [["total"]])
+    assert fast.nodes.keys() == slow.nodes.keys() and fast.dependencies == slow.dependencies
+    assert fast.priority == slow.priority
+    assert _evaluate(fast)["total"] == sum(2 * i for i in range(20))
+    assert graph._delayed_graphs(collections_to_expr([da.ones(4, chunks=2).sum()])) is None
+    assert graph._delayed_graphs(collections_to_expr([total, da.ones(4).sum()])) is None
+    with dask.config.set({"optimization.fuse.delayed": True}):
+        assert graph._delayed_graphs(collections_to_expr([total])) is None
+    assert unused.key == "unused"
