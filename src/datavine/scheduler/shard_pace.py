@@ -48,7 +48,7 @@ class ShardPace:
     """The recent bundle times per category and shard, and the judgement on them."""
 
     factor: float = 3.0
-    min_samples: int = 2
+    min_samples: int = 3
     min_excess_s: float = 0.5
     hold_s: float = 60.0
     keep: int = 32  # the most recent bundle times kept per category and shard
