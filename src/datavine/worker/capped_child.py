@@ -117,8 +117,9 @@ class CappedChild:
                                     idle_kb)
 
     def hint(self, message: bytes) -> bool:
-        """Pass ``message`` (< 64 KiB) to the child's hint handler, without blocking; False
-        when it was dropped (no child, no handler, the pipe full). Thread-safe."""
+        """Pass ``message`` (its frame within PIPE_BUF, 4 KiB) to the child's hint handler,
+        without blocking; False when it is not passed now (no handler, no child yet: then
+        it waits for the next child; the pipe full: dropped). Thread-safe."""
         frame = _LENGTH.pack(len(message)) + message
         with self._hint_lock:
             if len(frame) > select.PIPE_BUF or self.hint_handler is None:
