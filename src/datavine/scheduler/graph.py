@@ -90,7 +90,7 @@ def to_mapping(dsk: Any) -> Mapping[Key, Any]:
     raise GraphError(f"cannot schedule a {type(dsk).__name__}: expected a dask graph or expression")
 
 
-def _delayed_graphs(expr: Any) -> dict[Key, Any] | None:
+def _delayed_graphs(expr: object) -> dict[Key, object] | None:
     """The graphs of an expression of ``dask.delayed`` collections, merged and not culled;
     None for any other expression (its optimizer is run: blockwise fusion, column
     projection, ...).
@@ -110,7 +110,7 @@ def _delayed_graphs(expr: Any) -> dict[Key, Any] | None:
     if not all(getattr(op, "low_level_optimizer", None) is delayed_optimize
                and hasattr(op, "hlg") for op in operands):
         return None
-    merged: dict[Key, Any] = {}
+    merged: dict[Key, object] = {}
     for op in operands:
         merged.update(ensure_dict(op.hlg))  # layer by layer
     return merged
