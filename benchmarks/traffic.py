@@ -12,7 +12,8 @@ Two graphs whose intermediates are large, on ``--workers`` local 1-core workers:
   variations x 3,200 bins (16 MiB, as analyses with many systematics carry), merged 4 at a
   time.
 
-Peers: datavine (values kept on workers), datavine with every value through the manager
+Peers: datavine (values kept on workers; the column cache off, so that every repeat reads
+its chunks as the other peers do), datavine with every value through the manager
 (``RunConfig(keep_on_workers=False)``, "inline"), cctools' DaskVine function-calls with
 ``worker_transfers=True``, and distributed. For each: seconds, tasks/s (events/s for agc),
 the manager's bytes out + in (TaskVine's file counters, plus the results that come back as
@@ -110,8 +111,11 @@ def peer(name: str, workers: int) -> Iterator[Peer]:
     if name in ("datavine", "inline"):
         import datavine
 
-        run = datavine.RunConfig(keep_on_workers=name == "datavine", preload=("awkward",
-                                                                                "uproot"))
+        # column_cache off: each repeat reads its chunks, as distributed's does (with it on, a
+        # repeat reads nothing, its results' bytes_read is 0, the check fails, and the agc
+        # row was the first, cold run against distributed's best of --repeat)
+        run = datavine.RunConfig(keep_on_workers=name == "datavine", column_cache=False,
+                                 preload=("awkward", "uproot"))
         with datavine.LocalCluster(workers=workers, cores=1, run=run,
                                    manager=datavine.ManagerConfig(
                                        run_dir=common.run_dir(name))) as cluster:
