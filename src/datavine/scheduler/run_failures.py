@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import cloudpickle
 
@@ -50,7 +50,7 @@ class FailedCalls:
     inflight: dict[int, Inflight]
     backups: dict[int, Inflight]
     copied_from: dict[int, int]
-    values: dict[Key, Any]
+    values: dict[Key, object]
     cap_override: dict[Key, float]
     attempts: Counter[Key]
     timed_out: Counter[Key]

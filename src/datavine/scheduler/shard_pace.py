@@ -8,9 +8,9 @@ time of their category is learned from those same slow calls. So the pace is com
 between shards, within a category: the bundles of one category that read through a shard
 took, in the median, ``factor`` times or more what the same category's bundles took through
 the other shards, and ``min_excess_s`` more at least (each side at least ``min_samples``
-bundles): a cold cache against a warm one, or bundles of milliseconds, are no straggler. A call still running through
-a shard counts once it has run longer than that: the slow shard's calls end last, and
-waiting for them would notice it only at the run's end.
+bundles): a cold cache against a warm one, or bundles of milliseconds, are no straggler. A
+call still running through a shard counts once it has run longer than that: the slow
+shard's calls end last, and waiting for them would notice it only at the run's end.
 
 A shard found slow is read around for ``hold_s`` seconds (the caller marks it in
 :class:`datavine.io.shards.ShardHealth`, so placement and the workers' reads go to the next
