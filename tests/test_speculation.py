@@ -16,7 +16,15 @@ from datavine.io.shards import ShardMap
 from datavine.protocol import BundleResult, Status
 from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.run_messages import Deliver, Fail, PoolSample, Submit, Withdraw
-from datavine.scheduler.speculation import IdleWorker, Lanes, OutCall, choose, late
+from datavine.scheduler.speculation import (
+    IdleWorker,
+    Lanes,
+    OutCall,
+    WorkerPace,
+    choose,
+    late,
+    outrun_s,
+)
 from tests.test_run_state import CFG, Pool, of
 
 SPEC = replace(CFG, bundles_per_slot=2, speculation=True, speculation_after=2.0,
@@ -54,6 +62,45 @@ def test_a_call_is_late_only_past_its_bound(began: float, expected: float, facto
     assert not late(call, bound - 1e-6, factor, slack)
     assert late(call, bound + 1e-3, factor, slack)
     assert not late(replace(call, queued=True, began=None), bound + 1.0, factor, slack)
+
+
+def test_a_call_on_a_slow_worker_is_outrun_by_a_copy_on_a_faster_idle_one() -> None:
+    # expected 0.4 s; w1 runs at 2.5x (ends at 1.0 s), the idle w2 at 0.8x
+    slow = OutCall(1, "w1", False, 0.0, 0.4, pace=2.5)
+    assert abs(outrun_s(slow, 0.1, 0.8) - (1.0 - (0.1 + 0.32))) < 1e-9
+    chosen = choose([slow], [IdleWorker("w2", None, 1, pace=0.8)], 0.1,
+                    late_factor=2.0, late_slack_s=0.2)
+    assert [(c.call, w) for c, w in chosen] == [(1, "w2")]
+    # the same call near its end, or a copy as slow as it: no copy
+    assert choose([slow], [IdleWorker("w2", None, 1, pace=0.8)], 0.6,
+                  late_factor=2.0, late_slack_s=0.2) == []
+    assert choose([slow], [IdleWorker("w2", None, 1, pace=2.5)], 0.1,
+                  late_factor=2.0, late_slack_s=0.2) == []
+
+
+def test_a_call_at_the_common_pace_is_never_outrun() -> None:
+    for now in (0.0, 0.1, 0.3, 0.39):
+        call = OutCall(1, "w1", False, 0.0, 0.4, pace=1.0)
+        assert outrun_s(call, now, 1.0) <= 0.0
+        assert choose([call], [IdleWorker("w2", None, 1)], now, late_factor=2.0,
+                      late_slack_s=0.0) == []
+
+
+def test_the_outrun_copy_goes_to_the_fastest_idle_worker() -> None:
+    slow = OutCall(1, "w1", False, 0.0, 1.0, pace=4.0)
+    idle = [IdleWorker("w2", None, 1, pace=1.5), IdleWorker("w3", None, 1, pace=0.9)]
+    assert [w for _, w in choose([slow], idle, 0.1, late_factor=2.0, late_slack_s=0.2)] == [
+        "w3"]
+
+
+def test_a_workers_pace_is_learned_from_its_bundles_after_two() -> None:
+    pace = WorkerPace(alpha=0.5, min_samples=2)
+    pace.observe("w1", 2.0, 1.0)
+    assert pace.of("w1") == 1.0  # one bundle is no pace
+    pace.observe("w1", 4.0, 1.0)
+    assert pace.of("w1") == 3.0
+    pace.observe("w1", 1.0, None)  # cost unknown: not counted
+    assert pace.of("w1") == 3.0 and pace.of("w2") == 1.0
 
 
 def test_lanes_start_the_next_call_when_one_ends() -> None:

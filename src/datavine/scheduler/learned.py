@@ -19,6 +19,7 @@ from datavine.scheduler.bundling import CostModel
 from datavine.scheduler.memory import MemoryState
 from datavine.scheduler.network import NetworkWatch
 from datavine.scheduler.shard_pace import ShardPace
+from datavine.scheduler.speculation import WorkerPace
 from datavine.scheduler.topology import Topology
 
 
@@ -37,6 +38,7 @@ class Learned:
     shard_health: ShardHealth
     network: NetworkWatch = field(default_factory=NetworkWatch)
     shard_pace: ShardPace = field(default_factory=ShardPace)
+    worker_pace: WorkerPace = field(default_factory=WorkerPace)
     largest_output: dict[str, int] = field(default_factory=dict)
 
     @classmethod

@@ -25,7 +25,7 @@ from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import Lifecycle
 from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.run_messages import CallDone, Instruction, Withdraw
-from datavine.scheduler.speculation import Lanes, OutCall, choose, late
+from datavine.scheduler.speculation import Lanes, OutCall, choose, late, outrun_s
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Target
 
@@ -73,8 +73,9 @@ class BackupCopies:
 
     def _speculate(self, now: float, free: int) -> None:
         """Nothing more to send and ``free`` cores idle: copy calls that wait behind another
-        in a busy worker's library, or run far past their expected time, onto idle workers."""
-        out = []
+        in a busy worker's library, run far past their expected time, or run on a worker so
+        slow that an idle one would end them sooner, onto idle workers."""
+        out, pace = [], self.learned.worker_pace
         for call, entry in self.inflight.items():
             worker = self.lanes.on.get(call)
             if worker is None or entry.again is not None or call in self.copy_of:
@@ -84,9 +85,10 @@ class BackupCopies:
                     not self.cfg.speculation_waiting or self._held_on(entry.bundle, worker)):
                 continue  # (held: its worker holds its columns, it runs there soon)
             out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
-                               self._expected(entry.bundle), self._files_rack(entry.bundle)))
+                               self._expected(entry.bundle), self._files_rack(entry.bundle),
+                               pace.of(worker)))
         racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
-        for chosen, worker in choose(out, self.lanes.idle(racks), now,
+        for chosen, worker in choose(out, self.lanes.idle(racks, pace.of), now,
                                      late_factor=self.cfg.speculation_after,
                                      late_slack_s=self.cfg.speculation_slack_s)[:free]:
             self._copy(chosen, worker)
@@ -148,10 +150,15 @@ class BackupCopies:
         self.copy_of[chosen.call], self.copied_from[call] = call, chosen.call
         topology.sent(target)
         self.lanes.place(call, worker, self.now)
+        is_late = late(chosen, self.now, self.cfg.speculation_after,
+                       self.cfg.speculation_slack_s)
+        sooner = outrun_s(chosen, self.now, self.learned.worker_pace.of(worker))
         why = ("it waits behind another call of its worker" if chosen.queued else
                f"it has run {self.now - (chosen.began or self.now):.2f} s, "
                f"{self.cfg.speculation_after:g} x its expected {chosen.expected_s or 0:.2f} s "
-               "and more")
+               "and more" if is_late else
+               f"its worker runs at {chosen.pace:.1f} x the expected time: a copy on "
+               f"{worker} ends {sooner:.2f} s sooner")
         self.life.note(bundle.keys, self.now, f"bundle {bundle.id}: a backup copy (call {call}) "
                        f"sent to worker {worker}: its call {chosen.call} on "
                        f"{chosen.worker} {why}")
@@ -159,8 +166,10 @@ class BackupCopies:
         backups.started += 1
         if chosen.queued:
             backups.queued += 1
-        else:
+        elif is_late:
             backups.late += 1
+        else:
+            backups.outrun += 1
 
     def _forget_copy(self, copy: int, *, succeeded: bool = False) -> Inflight | None:
         """A backup copy is no longer out: its slot is free, and unless it ``succeeded``

@@ -610,6 +610,7 @@ class RunState(BackupCopies, FailedCalls):
             + (f"; {how}" if how else "")))
         peak = result.peak_mb
         worker = self._note_worker(result, addrport, bundle)
+        self.learned.worker_pace.observe(worker, result.wall_s, self._expected(bundle))
         if entry.shard is not None and {r["server"] for r in result.reads} == {entry.shard}:
             self.learned.shard_pace.observe(entry.category, entry.shard, result.wall_s)
         if self.learned.memory is not None and entry.cap_mb:

@@ -8,7 +8,13 @@ copy on that core:
   patch 0015). At a pass's end the other workers would idle while it waits: a tail;
 - **late**: the call has run ``late_factor`` times its expected time (its tasks' categories'
   measured times), plus ``late_slack_s``: a straggler (a throttled or overloaded node, a
-  failing disk, a slow shard).
+  failing disk, a slow shard);
+- **outrun**: the call runs on a worker whose *pace* (its bundles' run time over their
+  expected time, :class:`WorkerPace`) says it will end later than a copy started now on an
+  idle worker, by more than ``late_slack_s``: as the LATE scheduler estimates each task's
+  time left from its node's progress rate. A worker at a quarter of a core is caught
+  while its call runs, not after ``late_factor`` expected times; a call on a worker of the
+  common pace is never copied this way (a copy would end after it).
 
 As MapReduce's backup tasks and Spark's speculation, the copy runs on another worker (it reads
 through the next shard in line: :attr:`datavine.protocol.BundleSpec.avoid`), the first result
@@ -39,6 +45,7 @@ class OutCall:
     began: float | None
     expected_s: float | None
     rack: str | None = None
+    pace: float = 1.0  # its worker's pace (WorkerPace): 2.0 runs twice the expected time
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,7 @@ class IdleWorker:
     worker: str
     rack: str | None
     cores: int
+    pace: float = 1.0
 
 
 def late(call: OutCall, now: float, late_factor: float, late_slack_s: float) -> bool:
@@ -57,32 +65,84 @@ def late(call: OutCall, now: float, late_factor: float, late_slack_s: float) -> 
     return now - call.began > late_factor * call.expected_s + late_slack_s
 
 
+def outrun_s(call: OutCall, now: float, copy_pace: float) -> float:
+    """How much sooner a copy started now on a worker of ``copy_pace`` would end than
+    ``call`` on its own worker, by their paces (<= 0: it would not; 0 for a call that waits,
+    or whose cost is unknown)."""
+    if call.queued or call.began is None or not call.expected_s:
+        return 0.0
+    own_end = max(call.began + call.pace * call.expected_s, now)
+    return own_end - (now + copy_pace * call.expected_s)
+
+
 def choose(out: Iterable[OutCall], idle: Sequence[IdleWorker], now: float, *,
            late_factor: float, late_slack_s: float) -> list[tuple[OutCall, str]]:
     """Copies to start now: (call, the worker to run its copy), at most one per idle core.
 
     Queued calls first (the longest expected first: the longest wait an idle core can save),
-    then late ones (the latest first, by how many expected times they have run); each copy
-    goes to an idle worker other than its call's, one in its files' rack when there is one."""
+    then late ones (the latest first, by how many expected times they have run), then those
+    an idle worker would outrun by more than ``late_slack_s`` (the most first); each copy
+    goes to an idle worker other than its call's, one in its files' rack when there is one
+    (for an outrun call, the one whose copy would end first)."""
     free = {w.worker: w.cores for w in idle if w.cores > 0}
     if not free:
         return []
     racks = {w.worker: w.rack for w in idle}
+    paces = {w.worker: w.pace for w in idle}
+    out = list(out)
     queued = sorted((c for c in out if c.queued),
                     key=lambda c: (-(c.expected_s or 0.0), c.call))
     stragglers = sorted((c for c in out if late(c, now, late_factor, late_slack_s)),
                         key=lambda c: (-(now - (c.began or now)) / (c.expected_s or 1.0),
                                        c.call))
+    fastest = min(paces.values())
+    taken = {c.call for c in (*queued, *stragglers)}
+    outrun = sorted((c for c in out if c.call not in taken
+                     and outrun_s(c, now, fastest) > late_slack_s),
+                    key=lambda c: (-outrun_s(c, now, fastest), c.call))
     chosen: list[tuple[OutCall, str]] = []
-    for call in [*queued, *stragglers]:
-        others = [w for w, n in free.items() if n > 0 and w != call.worker]
-        if not others:
-            continue
-        near = [w for w in others if call.rack is not None and racks.get(w) == call.rack]
-        worker = max(near or others, key=lambda w: (free[w], w))
-        free[worker] -= 1
-        chosen.append((call, worker))
+    for kind, calls in (("queued", queued), ("late", stragglers), ("outrun", outrun)):
+        for call in calls:
+            others = [w for w, n in free.items() if n > 0 and w != call.worker]
+            if kind == "outrun":
+                others = [w for w in others if outrun_s(call, now, paces[w]) > late_slack_s]
+            if not others:
+                continue
+            near = [w for w in others if call.rack is not None and racks.get(w) == call.rack]
+            if kind == "outrun":
+                worker = max(near or others, key=lambda w: (-paces[w], free[w], w))
+            else:
+                worker = max(near or others, key=lambda w: (free[w], w))
+            free[worker] -= 1
+            chosen.append((call, worker))
     return chosen
+
+
+class WorkerPace:
+    """Each worker's pace: its bundles' run time over their expected time, a moving
+    average (``alpha``) from ``min_samples`` bundles on; 1.0 (the common pace) before, and
+    for a worker not seen. Workers that share cores with others, or run at a quarter of a
+    core, show it here."""
+
+    def __init__(self, alpha: float = 0.3, min_samples: int = 2) -> None:
+        self.alpha = alpha
+        self.min_samples = min_samples
+        self._pace: dict[str, float] = {}
+        self._seen: dict[str, int] = {}
+
+    def observe(self, worker: str, ran_s: float, expected_s: float | None) -> None:
+        """A bundle expected to take ``expected_s`` ran ``ran_s`` on ``worker``."""
+        if not expected_s or expected_s <= 0 or ran_s <= 0:
+            return
+        ratio = ran_s / expected_s
+        old = self._pace.get(worker)
+        self._pace[worker] = ratio if old is None else old + self.alpha * (ratio - old)
+        self._seen[worker] = self._seen.get(worker, 0) + 1
+
+    def of(self, worker: str) -> float:
+        if self._seen.get(worker, 0) < self.min_samples:
+            return 1.0
+        return self._pace[worker]
 
 
 class Lanes:
@@ -128,11 +188,13 @@ class Lanes:
     def busy(self, worker: str) -> int:
         return len(self.lane.get(worker, ()))
 
-    def idle(self, workers: Mapping[str, str | None]) -> list[IdleWorker]:
-        """The workers (``{worker: rack}``) with cores that no call out uses."""
+    def idle(self, workers: Mapping[str, str | None],
+             pace: Callable[[str], float] = lambda worker: 1.0) -> list[IdleWorker]:
+        """The workers (``{worker: rack}``) with cores that no call out uses, each with its
+        ``pace``."""
         out = []
         for worker, rack in workers.items():
             free = self.cores_of(worker) - self.busy(worker)
             if free > 0:
-                out.append(IdleWorker(worker, rack, free))
+                out.append(IdleWorker(worker, rack, free, pace(worker)))
         return out
