@@ -6,6 +6,7 @@ import operator
 
 import dask
 import dask.array as da
+import dask.base
 import pytest
 from dask import delayed
 from dask.core import flatten
@@ -81,7 +82,9 @@ def test_delayed_graphs_skip_dasks_cull_and_build_the_same() -> None:
     and build culls anyway): the same nodes, dependencies and results as dask's optimized
     graph; any other collection, or delayed with fusion asked for, goes through dask's
     optimizer."""
-    from dask.base import collections_to_expr
+    collections_to_expr = getattr(dask.base, "collections_to_expr", None)
+    if collections_to_expr is None:
+        pytest.skip("this dask has no expressions (dask < 2025.4: .venv-legacy)")
 
     parts = [delayed(operator.mul, pure=True)(i, 2, dask_key_name=f"p-{i}") for i in range(20)]
     total = delayed(sum, pure=True)(parts, dask_key_name="total")

@@ -54,8 +54,10 @@ def test_a_slow_shard_is_skipped_for_a_while_without_a_failure_counted() -> None
     health = ShardHealth()
     health.read_around("a", until=60.0)
     assert not health.is_healthy("a", 10.0) and health.failed(10.0) == ["a"]
+    assert health.slow(10.0) == ["a"] and health.slow(60.0) == []
     assert health.is_healthy("a", 60.0)
     health.mark_failed("a", 61.0)  # a real failure later starts at the first strike
+    assert health.slow(61.0) == []  # failed, not slow: readers fail over by themselves
     assert health.failed(61.0 + health.cooldown_s - 1) == ["a"]
     assert health.is_healthy("a", 61.0 + health.cooldown_s)
 

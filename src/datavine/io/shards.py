@@ -108,6 +108,7 @@ class ShardHealth:
     max_cooldown_s: float = 300.0
     _until: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _strikes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _slow: dict[str, float] = field(default_factory=dict, init=False, repr=False)
 
     def mark_failed(self, shard: Shard | str, now: float) -> float:
         """Record a failure at ``now``; returns the time until which the shard is skipped."""
@@ -123,6 +124,12 @@ class ShardHealth:
         slowly (:mod:`datavine.scheduler.shard_pace`)."""
         name = shard if isinstance(shard, str) else shard.name
         self._until[name] = max(self._until.get(name, until), until)
+        self._slow[name] = max(self._slow.get(name, until), until)
+
+    def slow(self, now: float) -> list[str]:
+        """Names of the shards read around at ``now`` because they are slow (a failed
+        shard's readers find out by themselves: :meth:`failed` has both)."""
+        return sorted(n for n, t in self._slow.items() if now < t)
 
     def mark_ok(self, shard: Shard | str) -> None:
         name = shard if isinstance(shard, str) else shard.name

@@ -322,11 +322,12 @@ class RunState(BackupCopies, FailedCalls):
 
     def _read_around(self, avoid: tuple[str, ...]) -> tuple[str, ...]:
         """A call's shards to read around: its own (a backup copy's), and every shard the
-        manager skips now (failed, or slow: :meth:`_pace_shards`)."""
+        manager reads around now for being slow (:meth:`_pace_shards`; a failed one, the
+        workers' reads find out by themselves and fail over)."""
         if self.cfg.shardmap is None:
             return avoid
-        skipped = self.learned.shard_health.failed(self.now)
-        return tuple(sorted({*avoid, *skipped})) if skipped else avoid
+        slow = self.learned.shard_health.slow(self.now)
+        return tuple(sorted({*avoid, *slow})) if slow else avoid
 
     def _pace_shards(self, now: float) -> None:
         """Judge the shards' pace (:mod:`datavine.scheduler.shard_pace`): a shard whose
