@@ -326,3 +326,18 @@ def test_hints_reach_the_child_and_wait_for_it_when_there_is_none(tmp_path: Path
         assert wait_for_file(marks / "later")
     assert not Path(sandbox).exists(), "the call that started the child was hinted to it"
     assert sorted(p.name for p in marks.iterdir()) == ["early", "later"]
+
+
+def test_hints_are_ignored_while_no_bundle_read_ahead_in_this_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With prefetch off (the default) a queued call's hint costs the running bundle
+    nothing: no prefetcher, no thread reading its spec."""
+    from datavine.worker import prefetch as module
+
+    monkeypatch.setattr(module, "_prefetcher", None)
+    module.on_hint(str(tmp_path / "queued").encode())
+    assert module._prefetcher is None
+    with module.bundle(str(tmp_path), 0.0):  # a bundle with read-ahead off
+        pass
+    module.on_hint(str(tmp_path / "queued").encode())
+    assert module._prefetcher is None

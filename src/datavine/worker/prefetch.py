@@ -286,9 +286,14 @@ def prefetcher() -> Prefetcher:
 
 
 def on_hint(data: bytes) -> None:
-    """A hint from the library (in the capped child): the sandbox of a call queued for it."""
+    """A hint from the library (in the capped child): the sandbox of a call queued for it.
+    Ignored until a bundle ran here with read-ahead on (:func:`bundle` makes the
+    prefetcher): with ``prefetch_mb`` 0, the default, reading each queued call's spec would
+    only take the running bundle's CPU (and its GIL) for nothing."""
+    if _prefetcher is None:
+        return
     with contextlib.suppress(UnicodeDecodeError):
-        prefetcher().hint(data.decode())
+        _prefetcher.hint(data.decode())
 
 
 @contextlib.contextmanager
