@@ -2,7 +2,7 @@
 # Build TaskVine (cctools) from Debian's cctools source package into a prefix inside the
 # project, against the project's own Python.
 #
-#   scripts/build_taskvine.sh [--prefix DIR] [--python PY] [--stock]
+#   scripts/build_taskvine.sh [--prefix DIR [--link]] [--python PY] [--stock]
 #   scripts/build_taskvine.sh --check-series   # does the series apply to what the mirror has?
 #
 # - The orig tarball is fetched with apt's own downloader from the Debian mirror that is
@@ -17,7 +17,11 @@
 # - Idempotent: a prefix whose stamp matches (version, checksum, python, bindings, and a
 #   hash of the patches' bodies: their headers are documentation) is reused; changing,
 #   adding or removing a patch rebuilds. Either way it prints the source and the patches.
-# - A .pth file makes `ndcctools.taskvine` importable from the python's environment.
+# - A .pth file makes `ndcctools.taskvine` importable from the python's environment: for
+#   the project's prefix (build/cctools), or another `--prefix` given with `--link`. Without
+#   `--link` another prefix leaves the python's TaskVine as it was (say: a second build for a
+#   comparison would silently switch every test and run of that environment to it) and
+#   prints how to use it (DATAVINE_CCTOOLS and PYTHONPATH, as the stock lane does).
 # - The Python bindings are generated with `swig -threads`: every TaskVine call, above all
 #   `Manager.wait`, releases the GIL, so the client's other threads (datavine's watchdog,
 #   the progress bar) run while the manager waits on a worker (see release_gil below).
@@ -34,10 +38,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MAIN_PREFIX="$ROOT/build/cctools"
 PREFIX=""
 PYTHON="$ROOT/.venv/bin/python"
-STOCK=0 CHECK=0
+STOCK=0 CHECK=0 LINK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) PREFIX=$2; shift 2 ;;
+    --link) LINK=1; shift ;;
     --python) PYTHON=$2; shift 2 ;;
     --stock) STOCK=1; shift ;;
     --check-series) CHECK=1; shift ;;
@@ -49,6 +54,7 @@ if [ "$STOCK" = 1 ]; then
 else
   PREFIX=${PREFIX:-$MAIN_PREFIX}
 fi
+PREFIX=$(realpath -m "$PREFIX")  # build/cctools and $ROOT/build/cctools are one prefix
 mkdir -p "$(dirname "$PREFIX")"
 PREFIX=$(cd "$(dirname "$PREFIX")" && pwd)/$(basename "$PREFIX")
 if [ "$STOCK" = 1 ] && [ "$PREFIX" = "$MAIN_PREFIX" ]; then
@@ -119,6 +125,11 @@ say_used() {  # $1: built / reusing; the source and the patches this prefix hold
 link_python() {
   local site="$PREFIX/lib/python$PYVER/site-packages"
   [ -d "$site/ndcctools" ] || die "no ndcctools under $site after the build"
+  if [ "$PREFIX" != "$MAIN_PREFIX" ] && [ "$LINK" = 0 ]; then
+    log "$PYTHON's TaskVine left as it was (--link to make it this one); to use this build:" \
+      "DATAVINE_CCTOOLS=$PREFIX PYTHONPATH=$site"
+    return 0
+  fi
   echo "$site" > "$PURELIB/datavine-cctools.pth"
   "$PYTHON" -c 'import ndcctools.taskvine' || die "ndcctools.taskvine does not import in $PYTHON"
 }
