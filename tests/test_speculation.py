@@ -93,11 +93,15 @@ def test_the_outrun_copy_goes_to_the_fastest_idle_worker() -> None:
         "w3"]
 
 
-def test_a_workers_pace_is_learned_from_its_bundles_after_two() -> None:
-    pace = WorkerPace(alpha=0.5, min_samples=2)
-    pace.observe("w1", 2.0, 1.0)
-    assert pace.of("w1") == 1.0  # one bundle is no pace
-    pace.observe("w1", 4.0, 1.0)
+def test_a_workers_pace_is_the_median_of_its_last_bundles() -> None:
+    pace = WorkerPace(keep=5, min_samples=3)
+    pace.observe("w1", 4.0, 1.0)  # the first bundle after the library started: imports
+    pace.observe("w1", 1.0, 1.0)
+    assert pace.of("w1") == 1.0  # two bundles are no pace
+    pace.observe("w1", 1.2, 1.0)
+    assert pace.of("w1") == 1.2  # the slow first one does not make it slow
+    for _ in range(3):
+        pace.observe("w1", 3.0, 1.0)  # it slows down for good
     assert pace.of("w1") == 3.0
     pace.observe("w1", 1.0, None)  # cost unknown: not counted
     assert pace.of("w1") == 3.0 and pace.of("w2") == 1.0

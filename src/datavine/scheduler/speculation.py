@@ -29,6 +29,8 @@ call before it ended); :func:`choose` decides.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -119,30 +121,31 @@ def choose(out: Iterable[OutCall], idle: Sequence[IdleWorker], now: float, *,
 
 
 class WorkerPace:
-    """Each worker's pace: its bundles' run time over their expected time, a moving
-    average (``alpha``) from ``min_samples`` bundles on; 1.0 (the common pace) before, and
-    for a worker not seen. Workers that share cores with others, or run at a quarter of a
-    core, show it here."""
+    """Each worker's pace: the median of its last ``keep`` bundles' run time over their
+    expected time, from ``min_samples`` bundles on; 1.0 (the common pace) before, and for a
+    worker not seen. A median, so that one slow bundle (the first after a library starts
+    and imports the analysis) does not make a worker look slow. Workers that share cores
+    with others, or run at a quarter of a core, show it here."""
 
-    def __init__(self, alpha: float = 0.3, min_samples: int = 2) -> None:
-        self.alpha = alpha
+    def __init__(self, keep: int = 5, min_samples: int = 3) -> None:
+        self.keep = keep
         self.min_samples = min_samples
-        self._pace: dict[str, float] = {}
-        self._seen: dict[str, int] = {}
+        self._ratios: dict[str, deque[float]] = {}
 
     def observe(self, worker: str, ran_s: float, expected_s: float | None) -> None:
         """A bundle expected to take ``expected_s`` ran ``ran_s`` on ``worker``."""
         if not expected_s or expected_s <= 0 or ran_s <= 0:
             return
-        ratio = ran_s / expected_s
-        old = self._pace.get(worker)
-        self._pace[worker] = ratio if old is None else old + self.alpha * (ratio - old)
-        self._seen[worker] = self._seen.get(worker, 0) + 1
+        ratios = self._ratios.get(worker)
+        if ratios is None:
+            ratios = self._ratios[worker] = deque(maxlen=self.keep)
+        ratios.append(ran_s / expected_s)
 
     def of(self, worker: str) -> float:
-        if self._seen.get(worker, 0) < self.min_samples:
+        ratios = self._ratios.get(worker)
+        if ratios is None or len(ratios) < self.min_samples:
             return 1.0
-        return self._pace[worker]
+        return statistics.median(ratios)
 
 
 class Lanes:
