@@ -37,7 +37,8 @@ from datavine.scheduler.run_messages import (
     Tick,
     Withdraw,
 )
-from datavine.scheduler.run_state import TASK_READY, RunState
+from datavine.scheduler.run_pool import TASK_READY
+from datavine.scheduler.run_state import RunState
 from datavine.scheduler.summary import network_line
 from datavine.worker import value_file
 from datavine.worker.payload import BundleEncoder

@@ -14,19 +14,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import replace
 
-from datavine.config import RunConfig
 from datavine.protocol import BundleResult
-from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle
-from datavine.scheduler.dispatch import Dispatcher
 from datavine.scheduler.inflight import Inflight
-from datavine.scheduler.intermediates import Intermediates, Plan
-from datavine.scheduler.learned import Learned
-from datavine.scheduler.lifecycle import Lifecycle
+from datavine.scheduler.intermediates import Plan
 from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.run_messages import CallDone, Instruction, Withdraw
+from datavine.scheduler.run_parts import RunParts
 from datavine.scheduler.speculation import Lanes, OutCall, choose, late, outrun_s
-from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Target
 
 Key = Hashable
@@ -35,22 +30,11 @@ Key = Hashable
 SPECULATE_EVERY_S = 0.05
 
 
-class BackupCopies:
+class BackupCopies(RunParts):
     """The backup-copy part of the run's state (see the module docstring); the rest of
     the state is :class:`~datavine.scheduler.run_state.RunState`'s."""
 
-    graph: graphs.TaskGraph
-    cfg: RunConfig
-    learned: Learned
-    now: float
-    summary: RunSummary
-    dispatch: Dispatcher
-    kept: Intermediates
-    life: Lifecycle
-    inflight: dict[int, Inflight]
-    backups: dict[int, Inflight]
     copy_of: dict[int, int]  # call -> its copy
-    copied_from: dict[int, int]  # copy -> the call it copies
     lanes: Lanes
     _out: list[Instruction]
 

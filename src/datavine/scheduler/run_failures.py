@@ -18,38 +18,22 @@ from typing import NoReturn
 
 import cloudpickle
 
-from datavine.config import RunConfig
 from datavine.errors import BundleFailedError, MemoryCapError, RemoteTaskError, TaskTimeLimitError
 from datavine.protocol import BundleResult
-from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle, Planner
-from datavine.scheduler.dispatch import Dispatcher
 from datavine.scheduler.inflight import Again, Inflight
-from datavine.scheduler.intermediates import Intermediates
-from datavine.scheduler.learned import Learned
-from datavine.scheduler.lifecycle import Lifecycle, Phase, Reason
+from datavine.scheduler.lifecycle import Phase, Reason
 from datavine.scheduler.memory import GiveUp
-from datavine.scheduler.summary import RunSummary
+from datavine.scheduler.run_parts import RunParts
 
 Key = Hashable
 
 
-class FailedCalls:
+class FailedCalls(RunParts):
     """The failure-handling part of the run's state (see the module docstring); the rest of
     the state is :class:`~datavine.scheduler.run_state.RunState`'s."""
 
-    graph: graphs.TaskGraph
-    cfg: RunConfig
-    learned: Learned
-    now: float
-    summary: RunSummary
     planner: Planner
-    dispatch: Dispatcher
-    kept: Intermediates
-    life: Lifecycle
-    inflight: dict[int, Inflight]
-    backups: dict[int, Inflight]
-    copied_from: dict[int, int]
     values: dict[Key, object]
     cap_override: dict[Key, float]
     attempts: Counter[Key]

@@ -21,7 +21,8 @@ the calls in flight, the dispatcher's held bundles and the planner agree.
 The decisions are the pure modules': bundles from :mod:`datavine.scheduler.bundling`, placement from
 :mod:`datavine.scheduler.dispatch`, backup copies from :mod:`datavine.scheduler.run_copies`
 (deciding with :mod:`datavine.scheduler.speculation`), failed calls' retries from
-:mod:`datavine.scheduler.run_failures`, caps from
+:mod:`datavine.scheduler.run_failures`, what a look at the pool changes from
+:mod:`datavine.scheduler.run_pool`, caps from
 :mod:`datavine.scheduler.memory`, kept values from
 :mod:`datavine.scheduler.intermediates`. What a manager learns across runs (costs, memory peaks,
 workers and racks, shard health) is one
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -55,7 +56,6 @@ from datavine.scheduler.intermediates import Intermediates, Plan
 from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
 from datavine.scheduler.longest_first import longest_first
-from datavine.scheduler.network import Finding
 from datavine.scheduler.once import FirstSeen
 from datavine.scheduler.pieces import task_entries
 from datavine.scheduler.placement import Placement, placement_off_reason
@@ -69,18 +69,17 @@ from datavine.scheduler.run_messages import (
     Event,
     Fail,
     Instruction,
-    Network,
     PoolSample,
     Submit,
     Tick,
     Withdraw,
 )
+from datavine.scheduler.run_pool import PoolWatch
 from datavine.scheduler.speculation import Lanes
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Target, counted_tier
 
 Key = Hashable
-TASK_READY = "READY"  # TaskVine's state of a call submitted and not dispatched to a worker
 PACE_EVERY_S = 0.25  # the shards' pace is judged at most this often (shard_pace.py)
 STORY_LINES = 20  # a failed run's error notes at most this many steps of its bundle's story
 
@@ -91,7 +90,7 @@ class _Failed(Exception):
 
 
 @dataclass
-class RunState(BackupCopies, FailedCalls):
+class RunState(BackupCopies, FailedCalls, PoolWatch):
     """The state of one ``get`` call; nothing of it outlives the call but ``learned``."""
 
     graph: graphs.TaskGraph
@@ -403,112 +402,12 @@ class RunState(BackupCopies, FailedCalls):
             prefetch_mb=self.cfg.prefetch_budget_mb(cap_mb),  # worker/prefetch.py
         )
 
-    # --- the pool ---------------------------------------------------------------------------
-    def _sample(self, sample: PoolSample) -> None:
-        """Record the pool's size; calls whose worker or library died under them, and calls
-        pinned to a worker that left, run again at once anywhere; values kept on workers
-        that left are made again."""
-        self.summary.samples.append((round(sample.now - self.start, 3), sample.workers,
-                                     sample.cores))
-        topology = self.learned.topology
-        self.summary.lost_workers.extend(sorted(
-            set(sample.gone) | {topology.who_left(a) for a in sample.lost_addr}))
-        if sample.lost_addr:
-            self._recover(self.kept.lost_on(set(sample.lost_addr)))
-        # TaskVine's log names the calls it put back with a new attempt; a call seen running
-        # that is waiting again was put back without one (its library died: "forsaken").
-        # A withdrawing call is left to its withdrawal or its result.
-        requeued = {c for c in sample.requeued if c in self.inflight}
-        for call, entry in self.inflight.items():
-            state = sample.states.get(call, "")
-            phase = self.life.phase(entry.bundle.id)
-            if phase is Phase.RUNNING and state == TASK_READY:
-                requeued.add(call)
-            elif phase is Phase.SENT and state != TASK_READY:
-                where = sample.where.get(call)
-                self._move(entry.bundle, Phase.RUNNING, detail=f"on {where}" if where else "")
-        for call in sorted(requeued):
-            entry = self.inflight[call]
-            if self.life.phase(entry.bundle.id) is Phase.WITHDRAWING:
-                continue
-            if self.life.phase(entry.bundle.id) is Phase.RUNNING:
-                self._move(entry.bundle, Phase.SENT, reason=Reason.LOST_WORKER,
-                           detail="TaskVine put it back: its worker or library died under it")
-            if sample.states.get(call) == TASK_READY:
-                # TaskVine would hold it back for its transient-error interval (~15 s):
-                # withdraw it, and run it again at once where there is room.
-                self._withdraw(call, Again(Reason.LOST_WORKER,
-                                            "its worker or library died under it"))
-            else:  # TaskVine sent it to another worker already: count the retry
-                self.summary.retries += 1
-                self.summary.failures.append(
-                    f"bundle {entry.bundle.id} ({len(entry.bundle.keys)} tasks): its worker or "
-                    "library died under it; TaskVine sent it to another worker")
-        for call, entry in list(self.inflight.items()):
-            if entry.target.worker in sample.gone and sample.states.get(call) == TASK_READY:
-                self._withdraw(call, Again(Reason.LOST_WORKER,
-                                            f"worker {entry.target.worker} left"))
-        for copy, entry in list(self.backups.items()):
-            if entry.target.worker in sample.gone:
-                self._cancel_copy(self.copied_from[copy], f"worker {entry.target.worker} left")
-        for call, addr in sample.where.items():
-            known = topology.at(addr)
-            if known is not None and (call in self.inflight or call in self.backups):
-                self.lanes.place(call, known.id, sample.now)
-        self._watch_network(sample)
-
     def _withdraw(self, call: int, again: Again, *, running: bool = False) -> None:
         entry = self.inflight[call]
         if entry.again is None:
             entry.again = again
             self._move(entry.bundle, Phase.WITHDRAWING, reason=again.why, detail=again.reason)
             self._out.append(Withdraw(call, running))
-
-    def _watch_network(self, sample: PoolSample) -> None:
-        """Workers whose library does not start are dropped, their calls sent elsewhere
-        (not counted as attempts: the bundle did nothing wrong); TaskVine is told what to
-        block and whether to stop peer transfers (:mod:`datavine.scheduler.network`)."""
-        workers = self.learned.topology.workers.values()
-        names = {w.addrport: w.id for w in workers if w.addrport}
-        held = Counter(addr for call, addr in sample.where.items() if call in self.inflight)
-        actions = self.learned.network.libraries(
-            sample.libraries, sample.now, self.cfg.library_start_timeout_s, names,
-            len(self.kept.held), self.start, held)
-        for call, addr in sorted(sample.where.items()):
-            if addr in actions.stalled and call in self.inflight:
-                why = f"its worker {names.get(addr, addr)}'s library did not start"
-                self._withdraw(call, Again(Reason.REQUEUED, why, retry=False, anywhere=True),
-                               running=True)
-        self._out_of_placement(actions.stalled, sample.states)
-        if actions.for_runtime:
-            self._out.append(Network(actions.block, actions.unblock, actions.peers_off))
-        self._say(actions.findings)
-
-    def _out_of_placement(self, stalled: frozenset[str], states: Mapping[int, str]) -> None:
-        """Dropped workers leave placement (TaskVine sends their blocked host nothing):
-        calls waiting for one of them, or for a rack with no other worker, go anywhere."""
-        topology, left = self.learned.topology, self.learned.network.out_of_placement
-        for known in list(topology.workers.values()) if stalled else ():
-            if known.addrport in stalled:
-                left[known.addrport] = (known.id, known.rack)
-                topology.forget(known.id)
-        for addr in set(left) - set(self.learned.network.dropped):
-            del left[addr]  # taken back: placement learns it again from TaskVine or results
-        if not left:
-            return
-        ids = {wid for wid, _ in left.values()}
-        racks = {w.rack for w in topology.workers.values()}
-        empty = {rack for _, rack in left.values() if rack is not None and rack not in racks}
-        for call, entry in list(self.inflight.items()):
-            target = entry.target
-            if states.get(call) == TASK_READY and (target.worker in ids or target.rack in empty):
-                where = target.worker or f"rack {target.rack}"
-                self._withdraw(call, Again(Reason.REQUEUED,
-                                            f"{where} was dropped for the network",
-                                            retry=False, anywhere=True))
-
-    def _say(self, findings: Iterable[Finding]) -> None:
-        self.summary.network.extend(f.as_dict() for f in findings)
 
     def _withdrawn(self, call: int) -> None:
         entry = self._forget(call)
