@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -47,16 +49,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield c
 
 
-@pytest.fixture
-def one_core(tmp_path: Path) -> Iterator[object]:
-    """A cluster of one one-core worker, its library started, memory caps on: its runtime
-    (tests that drive calls by hand: test_library_queue, test_cancel_after_end)."""
+@contextlib.contextmanager
+def started_library(tmp_path: Path, workers: int) -> Iterator[Any]:
+    """A cluster of ``workers`` one-core workers, their library started, memory caps on: its
+    runtime (tests that drive calls by hand)."""
     import datavine
 
-    with datavine.LocalCluster(workers=1, cores=1,
+    with datavine.LocalCluster(workers=workers, cores=1,
                                manager=datavine.ManagerConfig(run_dir=tmp_path / "run"),
                                run=datavine.RunConfig()) as c:
         rt = c.runtime
         assert rt is not None
         rt.ensure_library()
+        yield rt
+
+
+@pytest.fixture
+def one_core(tmp_path: Path) -> Iterator[object]:
+    """One one-core worker's runtime (:func:`started_library`; test_library_queue,
+    test_cancel_after_end)."""
+    with started_library(tmp_path, 1) as rt:
         yield rt

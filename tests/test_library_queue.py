@@ -29,6 +29,7 @@ import pytest
 from datavine.manager.runtime import Runtime
 from datavine.protocol import BundleResult, BundleSpec
 from datavine.scheduler import graph as graphs
+from tests.conftest import started_library
 
 
 def sleep_then_mark(seconds: float, mark: str) -> int:
@@ -156,14 +157,7 @@ def test_a_call_queued_behind_a_cancelled_one_runs_and_answers(
 @pytest.fixture
 def two_workers(tmp_path: Path) -> Iterator[Runtime]:
     """Two one-core workers, each with its library started (a call has run on each)."""
-    import datavine
-
-    with datavine.LocalCluster(workers=2, cores=1,
-                               manager=datavine.ManagerConfig(run_dir=tmp_path / "run"),
-                               run=datavine.RunConfig()) as c:
-        rt = c.runtime
-        assert rt is not None
-        rt.ensure_library()
+    with started_library(tmp_path, 2) as rt:
         yield rt
 
 
