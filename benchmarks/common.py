@@ -148,13 +148,33 @@ def readable_dataset(data: Path, n_files: int, events: int) -> list[Path]:
     from datavine.io.datagen import generate_dataset
 
     data.mkdir(parents=True, exist_ok=True)
-    files = generate_dataset(data, n_files, events, "zstd")
+    return make_readable(data, generate_dataset(data, n_files, events, "zstd"))
+
+
+def make_readable(data: Path, files: list[Path]) -> list[Path]:
+    """``files`` in ``data`` made readable by the xrootd user of the box's servers (the
+    folders above ``data`` searchable); returns ``files``."""
     for p in [data, *files]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     for parent in data.resolve().parents:  # the xrootd user must reach the files
         if parent != Path("/"):
             parent.chmod(parent.stat().st_mode | 0o011)
     return files
+
+
+def box_chunks(plan: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
+    """On the box's manager host: a drive plan's facility (its ``facility`` file), the shard
+    map, and the chunks of its ``files`` (``chunk_events`` each) as the origin's URLs."""
+    from datavine.apps.analysis.agc import make_chunks
+    from datavine.apps.analysis.sources import to_origin
+    from datavine.deploy.facility import load_facility
+
+    facility = load_facility(Path(plan["facility"]))
+    shards = facility.shards
+    assert shards is not None and shards.origin is not None and facility.export_root
+    chunks = to_origin(make_chunks(plan["files"], plan["chunk_events"]), facility.export_root,
+                       shards.origin.url)
+    return facility, shards, chunks
 
 
 def setup() -> None:

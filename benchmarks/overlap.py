@@ -53,19 +53,14 @@ LZMA_DATA = ROOT / "build" / "bench-data" / "lzma-4x500000"
 # --- on the manager host ----------------------------------------------------------------------
 def drive(plan_path: Path) -> int:
     """The timed analysis on the box's workers; prints one JSON line."""
+    import common  # this script's folder is on sys.path when it runs
     import dask
 
     import datavine
-    from datavine.apps.analysis.agc import make_chunks
-    from datavine.apps.analysis.sources import XCacheShards, analysis_graph, to_origin
-    from datavine.deploy.facility import load_facility
+    from datavine.apps.analysis.sources import XCacheShards, analysis_graph
 
     plan = json.loads(plan_path.read_text())
-    facility = load_facility(Path(plan["facility"]))
-    shards = facility.shards
-    assert shards is not None and shards.origin is not None and facility.export_root
-    chunks = to_origin(make_chunks(plan["files"], plan["chunk_events"]), facility.export_root,
-                       shards.origin.url)
+    facility, shards, chunks = common.box_chunks(plan)
     run = facility.run.replace(shardmap=shards, progress=False, placement=None,
                                column_cache=False, speculation=False,
                                prefetch_mb=plan["prefetch_mb"],
@@ -96,6 +91,8 @@ def drive(plan_path: Path) -> int:
 def dataset(args: argparse.Namespace, data: Path) -> list[Path]:
     """The LZMA files, in a folder the box's xrootd user can read (copied from
     ``build/bench-data`` when they are there, else generated)."""
+    import common
+
     from datavine.io.datagen import generate_dataset
 
     data.mkdir(parents=True, exist_ok=True)
@@ -109,12 +106,7 @@ def dataset(args: argparse.Namespace, data: Path) -> list[Path]:
             files.append(dst)
     else:
         files = generate_dataset(data, args.files, args.events, "lzma")
-    for p in [data, *files]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    for parent in data.resolve().parents:
-        if parent != Path("/"):
-            parent.chmod(parent.stat().st_mode | 0o011)
-    return files
+    return common.make_readable(data, files)
 
 
 def calibrate(files: list[Path], chunk_events: int) -> tuple[float, float, Any]:

@@ -70,19 +70,14 @@ def speculation_supported() -> bool:
 # --- on the manager host ----------------------------------------------------------------------
 def drive(plan_path: Path) -> int:
     """The timed analysis on the box's workers; prints one JSON line."""
+    import common  # this script's folder is on sys.path when it runs
     import dask
 
     import datavine
-    from datavine.apps.analysis.agc import make_chunks
-    from datavine.apps.analysis.sources import XCacheShards, analysis_graph, to_origin
-    from datavine.deploy.facility import load_facility
+    from datavine.apps.analysis.sources import XCacheShards, analysis_graph
 
     plan = json.loads(plan_path.read_text())
-    facility = load_facility(Path(plan["facility"]))
-    shards = facility.shards
-    assert shards is not None and shards.origin is not None and facility.export_root
-    chunks = to_origin(make_chunks(plan["files"], plan["chunk_events"]), facility.export_root,
-                       shards.origin.url)
+    facility, shards, chunks = common.box_chunks(plan)
     run = facility.run.replace(shardmap=shards, progress=False)
     if plan["speculation"] is not None:  # a field RunConfig.replace does not know yet
         extra: dict[str, Any] = {"speculation": plan["speculation"]}
