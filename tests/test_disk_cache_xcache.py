@@ -54,7 +54,7 @@ def disk_cluster(xcache_testbed: Any, tmp_path_factory: pytest.TempPathFactory,
     waits for the worker that read a file (no backup copies: a copy would read elsewhere)."""
     run = datavine.RunConfig(shardmap=xcache_testbed.shard_map(), column_cache=False,
                              input_cache_mb=64, speculation=False, timeout_s=RUN_TIMEOUT_S,
-                             no_worker_timeout_s=30,
+                             no_worker_timeout_s=30, read_around_slow_shards=False,
                              placement=datavine.PlacementPolicy(max_wait_s=30.0,
                                                                 cache_wait_s=30.0))
     manager = datavine.ManagerConfig(run_dir=tmp_path_factory.mktemp("disk-cache"))

@@ -103,7 +103,8 @@ def _cluster(tmp_path_factory: pytest.TempPathFactory, testbed: Any,
     # cache: each run reads its bytes through the shards (a rerun would read none)
     run = datavine.RunConfig(placement=placement, shardmap=testbed.shard_map(),
                              no_worker_timeout_s=30, timeout_s=RUN_TIMEOUT_S,
-                             speculation=False, column_cache=False)
+                             speculation=False, read_around_slow_shards=False,
+                             column_cache=False)
     manager = datavine.ManagerConfig(run_dir=tmp_path_factory.mktemp("locality"))
     return datavine.LocalCluster(workers=4, cores=1, racks=WORKER_RACKS, manager=manager,
                                  run=run)

@@ -4,6 +4,7 @@ the other shards' take, in the same category, is read around; a run reads around
 from __future__ import annotations
 
 import cloudpickle
+import pytest
 
 from datavine.config import RunConfig
 from datavine.io.shards import ShardHealth
@@ -66,11 +67,12 @@ def read_file(path: str) -> int:
     return len(path)
 
 
-def test_a_run_reads_around_a_slow_shard_and_says_so() -> None:
+@pytest.mark.parametrize("read_around", [True, False])
+def test_a_run_reads_around_a_slow_shard_and_says_so(read_around: bool) -> None:
     """Two shards; the bundles through one take 4x the others': the run judges it slow,
     the next bundles of its files are read through the other shard (their call says to read
     around it, and the state machine's shard for them is the other one), and the summary
-    says so."""
+    says so. With ``read_around_slow_shards=False`` every file stays on its own shard."""
     from dataclasses import replace
 
     from datavine.io.shards import Shard, ShardMap, logical_name
@@ -88,7 +90,8 @@ def test_a_run_reads_around_a_slow_shard_and_says_so() -> None:
     assert set(homes.values()) == {"xcache-a", "xcache-b"}
     dsk = {("read", i): (read_file, f) for i, f in enumerate(files)}
     cfg = RunConfig(memory=None, bundles_per_slot=1, shardmap=shardmap, speculation=False,
-                    placement=None, target_bundle_s=1e-6, max_bundle_tasks=1)
+                    placement=None, target_bundle_s=1e-6, max_bundle_tasks=1,
+                    read_around_slow_shards=read_around)
     state = RunState(graphs.build(dsk, list(dsk)), cfg, Learned.fresh(cfg), now=0.0)
     now, out = 0.0, {}
     seen_avoid: dict[str, list[tuple[str, ...]]] = {"xcache-a": [], "xcache-b": []}
@@ -115,6 +118,11 @@ def test_a_run_reads_around_a_slow_shard_and_says_so() -> None:
             state.handle(CallDone(call, replace(result), "w1:9000", now))
     assert state.finished
     assert state.results() == {k: len(files[k[1]]) for k in dsk}
+    if not read_around:
+        assert state.summary.reads.slow_shards == []
+        assert not state.learned.shard_health.failed(now)
+        assert not any(avoid for avoids in seen_avoid.values() for avoid in avoids)
+        return
     (said,) = state.summary.reads.slow_shards
     assert "xcache-a" in said and "next shard in line" in said
     assert "xcache-a" in state.learned.shard_health.failed(now)

@@ -176,6 +176,12 @@ class RunConfig:
             2-core machine it gained nothing measurable, its cancels stop running calls,
             whose capped child takes the worker's column cache with it, and twice a run
             stalled 60 s after such a cancel; see benchmarks/README.md, stragglers).
+        read_around_slow_shards: an XCache shard whose bundles take 3x the other shards'
+            (:mod:`datavine.scheduler.shard_pace`) is read around for a while: its files'
+            next calls read through the next shard in line, which caches them too. Judged
+            on time, so a loaded host can make a shard look slow; ``False`` keeps every
+            file on its own shard (a failed shard is still read around). The summary's
+            ``reads.slow_shards`` says when and why.
         column_cache: workers keep the columns they decoded (:mod:`datavine.io.column_cache`),
             across bundles and runs of the cluster, and placement prefers the worker that
             holds a file's columns; reads through :func:`datavine.io.cached_arrays.read_arrays`
@@ -236,6 +242,7 @@ class RunConfig:
     speculation_after: float = 2.0
     speculation_slack_s: float = 0.2
     speculation_waiting: bool = False
+    read_around_slow_shards: bool = True
     column_cache: bool = True
     column_cache_share: float = 0.5
     column_cache_mb: float | None = None
@@ -342,6 +349,7 @@ class RunChanges(TypedDict, total=False):
     speculation_after: float
     speculation_slack_s: float
     speculation_waiting: bool
+    read_around_slow_shards: bool
     column_cache: bool
     column_cache_share: float
     column_cache_mb: float | None

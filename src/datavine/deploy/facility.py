@@ -170,7 +170,8 @@ RUN_KEYS: dict[str, Kind] = {"max_retries": _int, "no_worker_timeout_s": _float,
                              "library_start_timeout_s": _float, "library_from_peers": _bool,
                              "speculation": _bool, "speculation_after": _float,
                              "speculation_slack_s": _float,
-                             "speculation_waiting": _bool, "column_cache": _bool,
+                             "speculation_waiting": _bool,
+                             "read_around_slow_shards": _bool, "column_cache": _bool,
                              "column_cache_share": _float, "column_cache_mb": _float,
                              "input_cache_mb": _float, "prefetch_mb": _float}
 XCACHE_KEYS: dict[str, Kind] = {"origin": _str, "export_root": _path, "shards": lambda v, w: v}

@@ -297,7 +297,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
             if bundle.id not in self.life.bundles:
                 self._move(bundle, Phase.HELD, detail="waits for a slot near its files")
         shardmap = cfg.shardmap
-        if (shardmap is not None and len(shardmap.shards) > 1
+        if (cfg.read_around_slow_shards and shardmap is not None and len(shardmap.shards) > 1
                 and tick.now - self._paced_at >= PACE_EVERY_S):
             self._pace_shards(tick.now)
         if (cfg.speculation and self.inflight and not self.planner.n_ready
