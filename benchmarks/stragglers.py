@@ -16,7 +16,8 @@ workers, then the timed ``dask.compute``). Scenarios:
   ways, to 1/10 of the shard's unshaped read rate, measured first on a box of its own
   (``xrdcp`` of files homed on xcache-A from a2, warm cache).
 
-Each runs with ``RunConfig(speculation=True)`` and ``False``, alternating which goes first,
+Each runs with ``RunConfig(speculation=True)`` and ``False`` (with ``read_around_slow_shards``
+alike: off is no backup copy and no slow shard read around), alternating which goes first,
 ``--rounds`` times; every result is checked equal to the plain loop's over the local files.
 Where RunConfig has no ``speculation`` field yet, only the default scheduler runs
 (``speculation=unsupported``).
@@ -80,7 +81,10 @@ def drive(plan_path: Path) -> int:
     facility, shards, chunks = common.box_chunks(plan)
     run = facility.run.replace(shardmap=shards, progress=False)
     if plan["speculation"] is not None:  # a field RunConfig.replace does not know yet
-        extra: dict[str, Any] = {"speculation": plan["speculation"]}
+        # off: no backup copies and no slow shard read around (the "speculation off")
+        fields = {f.name for f in dataclasses.fields(RunConfig)}
+        extra: dict[str, Any] = {name: plan["speculation"] for name in
+                                 ("speculation", "read_around_slow_shards") if name in fields}
         run = dataclasses.replace(run, **extra)
     with datavine.Cluster(facility.manager, run, min_workers=plan["workers"],
                           connect_timeout_s=90) as cluster:
@@ -111,6 +115,7 @@ def drive(plan_path: Path) -> int:
         "servers": dict(result.servers), "failovers": result.failovers,
         "retries": summary.retries if summary is not None else None,
         "first_result_s": max(first.values()) if first else None,
+        "slow_shards": list(getattr(getattr(summary, "reads", None), "slow_shards", [])),
     }))
     return 0
 
@@ -139,6 +144,7 @@ class Run:
     hosts: dict[str, int] = dataclasses.field(default_factory=dict)
     throttled: int | None = None  # slow-worker: periods the quota held the worker back
     first_result_s: float | None = None  # the last worker's first result (a stalled start)
+    slow_shards: list[str] = dataclasses.field(default_factory=list)  # the summary's judgements
     differences: list[str] = dataclasses.field(default_factory=list)  # from the plain loop's
     load: float = 0.0
     error: str = ""
@@ -229,6 +235,7 @@ def run_once(args: argparse.Namespace, scenario: str, mode: str, data: Path,
         run.seconds, run.correct = record["seconds"], record["correct"]
         run.backups, run.hosts = record["backups"], record["hosts"]
         run.first_result_s = record.get("first_result_s")
+        run.slow_shards = record.get("slow_shards") or []
         run.differences = record.get("differences") or []
     finally:
         take_down(box)
@@ -354,6 +361,8 @@ def run_rounds(args: argparse.Namespace, modes: tuple[str, ...], scenarios: list
                          else f"FAILED {run.error}")
                 if run.throttled is not None:
                     shown += f" throttled {run.throttled} periods"
+                for said in run.slow_shards:
+                    shown += f"\n    {said}"
                 print(f"[{k + 1}/{args.rounds}] {scenario:11} speculation {mode:7} {shown}  "
                       f"[load {run.load:.2f}]", flush=True)
     return runs

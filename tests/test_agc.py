@@ -135,6 +135,7 @@ def test_a_chunk_is_read_through_the_read_layer_and_accounted(files: list[Path])
     assert (record.lfn, record.server, record.rack) == (str(files[0]), "local", None)
     # the whole open (header and metadata too), not only the branches' baskets
     assert record.bytes > out.result.bytes_read > 0
+    assert record.read_s == 0.0  # only a server's reads are clocked (the shards' pace)
 
 
 def test_make_chunks_covers_each_file_once(files: list[Path]) -> None:

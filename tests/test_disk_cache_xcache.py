@@ -110,6 +110,7 @@ def test_an_uproot_handler_reads_through_the_disk_too(
                 seen.append(f["Events"].arrays(["Jet_pt"], library="np")["Jet_pt"])
             (record,) = [r for r in ctx.records() if r.server != "memory"]
         assert record.bytes + record.disk > 10 * HEADER
+        assert record.read_s > 0  # the server's time is clocked (the header at least)
         if len(seen) == 2:
             assert record.bytes == HEADER and record.disk > 0
     assert (seen[0] == seen[1]).all()

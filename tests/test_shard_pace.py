@@ -1,5 +1,6 @@
-"""The shards' pace (scheduler/shard_pace.py): a shard whose bundles take several times what
-the other shards' take, in the same category, is read around; a run reads around it."""
+"""The shards' pace (scheduler/shard_pace.py): a shard whose clocked reads are several times
+slower per byte than the other shards', or whose bundles take several times what the other
+shards' take in the same category, is read around; a run reads around it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,51 @@ def test_shards_within_the_factor_or_with_few_samples_are_not_judged() -> None:
     assert pace_with({"a": [5.0, 5.0]}).judge() == []  # nothing to compare with
     # 6x, but milliseconds (a cold cache against a warm one): no straggler
     assert pace_with({"a": [0.06, 0.07], "b": [0.01, 0.012]}).judge() == []
+
+
+MB = 1_000_000
+
+
+def reads_pace(rates: dict[str, list[tuple[float, int]]]) -> ShardPace:
+    pace = ShardPace(factor=3.0, min_samples=3)
+    for shard, reads in rates.items():
+        for seconds, nbytes in reads:
+            pace.observe_read(shard, seconds, nbytes)
+    return pace
+
+
+def test_a_shard_reading_at_a_tenth_of_the_others_rate_is_found() -> None:
+    # 4 MB reads: 0.1 s through b and c, 1 s through a (a tenth of the rate); the bundles
+    # would take 1.9 s against 1 s with 0.9 s of decompression each: 2x, under the factor
+    pace = reads_pace({"a": [(1.0, 4 * MB)] * 3, "b": [(0.1, 4 * MB)] * 3,
+                       "c": [(0.11, 4 * MB)] * 2})
+    (slow,) = pace.judge()
+    assert slow.shard == "a" and 9 < slow.ratio < 11
+    said = slow.describe()
+    assert "in its reads" in said and "4.0 MB/s" in said and "next shard in line" in said
+
+
+def test_reads_that_are_small_quick_or_few_say_nothing() -> None:
+    # a 10x slower rate, but each read of a slow shard costs 0.1 s more: no straggler
+    assert reads_pace({"a": [(0.11, 1 * MB)] * 3, "b": [(0.011, 1 * MB)] * 3}).judge() == []
+    # reads under min_read_bytes are latency, not rate: not kept
+    assert reads_pace({"a": [(1.0, 100_000)] * 5, "b": [(0.01, 4 * MB)] * 5}).judge() == []
+    assert reads_pace({"a": [(1.0, 4 * MB)] * 2, "b": [(0.1, 4 * MB)] * 5}).judge() == []
+    # 2.5x the others' time per byte: within the factor (a cold cache against a warm one)
+    assert reads_pace({"a": [(2.5, 10 * MB)] * 4, "b": [(1.0, 10 * MB)] * 4}).judge() == []
+    # unclocked reads (0 s: an older worker, a file opened by other means) are not samples
+    assert reads_pace({"a": [(0.0, 4 * MB)] * 4, "b": [(0.1, 4 * MB)] * 4}).judge() == []
+
+
+def test_a_shard_read_around_is_judged_afresh_when_it_comes_back() -> None:
+    pace = reads_pace({"a": [(1.0, 4 * MB)] * 3, "b": [(0.1, 4 * MB)] * 3})
+    assert [s.shard for s in pace.judge()] == ["a"]
+    assert pace.judge(skip=["a"]) == []
+    pace.forget("a")
+    assert pace.judge() == []  # its slow reads are gone: a comes back on probation
+    for _ in range(3):
+        pace.observe_read("a", 0.1, 4 * MB)
+    assert pace.judge() == []
 
 
 def test_categories_are_compared_within_themselves() -> None:
@@ -67,16 +113,20 @@ def read_file(path: str) -> int:
     return len(path)
 
 
-@pytest.mark.parametrize("read_around", [True, False])
-def test_a_run_reads_around_a_slow_shard_and_says_so(read_around: bool) -> None:
-    """Two shards; the bundles through one take 4x the others': the run judges it slow,
-    the next bundles of its files are read through the other shard (their call says to read
-    around it, and the state machine's shard for them is the other one), and the summary
-    says so. With ``read_around_slow_shards=False`` every file stays on its own shard."""
+@pytest.mark.parametrize(("read_around", "evidence"),
+                         [(True, "bundles"), (True, "reads"), (False, "bundles"),
+                          (False, "reads")])
+def test_a_run_reads_around_a_slow_shard_and_says_so(read_around: bool, evidence: str) -> None:
+    """Two shards; xcache-a is slow, in its bundles' run time (4x the others', no clocked
+    reads) or in its clocked reads only (10x the seconds per byte, the bundles' time the
+    same: decompression dominates): the run judges it slow, the next bundles of its files are
+    read through the other shard (their call says to read around it, and the state machine's
+    shard for them is the other one), and the summary says so. With
+    ``read_around_slow_shards=False`` every file stays on its own shard."""
     from dataclasses import replace
 
     from datavine.io.shards import Shard, ShardMap, logical_name
-    from datavine.protocol import BundleResult, Status
+    from datavine.protocol import BundleResult, ReadRecordDict, Status
     from datavine.scheduler import graph as graphs
     from datavine.scheduler.learned import Learned
     from datavine.scheduler.run_messages import CallDone, Submit, Tick
@@ -108,12 +158,16 @@ def test_a_run_reads_around_a_slow_shard_and_says_so(read_around: bool) -> None:
             entry = state.inflight[call]
             served = entry.shard or homes[path]
             seen_avoid[homes[path]].append(ins.spec.avoid)
-            wall = 1.2 if served == "xcache-a" else 0.3  # xcache-a is 4x slower
+            slow = served == "xcache-a"
+            record: ReadRecordDict = {"lfn": logical_name(path), "server": served,
+                                      "rack": None, "bytes": 4_000_000, "failovers": 0,
+                                      "errors": ()}
+            if evidence == "reads":  # the bundle's time is the same: read 1 s or 0.1 s
+                wall, record["read_s"] = 1.3, (1.0 if slow else 0.1)
+            else:
+                wall = 1.2 if slow else 0.3  # xcache-a is 4x slower
             result = BundleResult(Status.OK, values={key: cloudpickle.dumps(len(path))},
-                                  reads=[{"lfn": logical_name(path), "server": served,
-                                          "rack": None, "bytes": 1000, "failovers": 0,
-                                          "errors": ()}],
-                                  timing={"read_file": (1, wall)}, wall_s=wall)
+                                  reads=[record], timing={"read_file": (1, wall)}, wall_s=wall)
             del out[call]
             state.handle(CallDone(call, replace(result), "w1:9000", now))
     assert state.finished
@@ -125,6 +179,7 @@ def test_a_run_reads_around_a_slow_shard_and_says_so(read_around: bool) -> None:
         return
     (said,) = state.summary.reads.slow_shards
     assert "xcache-a" in said and "next shard in line" in said
+    assert ("in its reads" in said) == (evidence == "reads"), said
     assert "xcache-a" in state.learned.shard_health.failed(now)
     late = seen_avoid["xcache-a"][-3:]  # the last calls of xcache-a's files read around it
     assert late and all("xcache-a" in avoid for avoid in late), seen_avoid["xcache-a"]

@@ -42,7 +42,7 @@ from typing import (
 
 from datavine.errors import DatavineError
 
-PROTOCOL = 6  # bumped whenever a field of BundleSpec or BundleResult changes
+PROTOCOL = 7  # bumped whenever a field of BundleSpec or BundleResult changes
 
 
 class ProtocolError(DatavineError):
@@ -85,6 +85,9 @@ class ReadRecordDict(TypedDict):
     disk: NotRequired[int]
     # of ``bytes``, those a prefetch read ahead of the bundle (worker/prefetch.py), protocol 6
     prefetched: NotRequired[int]
+    # seconds the server took for the bytes not read ahead (datavine.io.source.timed),
+    # protocol 7: the shards' pace (datavine.scheduler.shard_pace)
+    read_s: NotRequired[float]
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from datavine.io.source.base import (
     bytes_requested,
     is_input_error,
     raised_in_xrootd_client,
+    seconds_reading,
 )
 from datavine.io.source.handles import is_xrootd, make_source, open_file
 from datavine.io.source.local import LocalSource
@@ -85,13 +86,17 @@ class ReadRecord:
     dropped: bool = False
     disk: int = 0  # bytes the worker's disk served (datavine.io.disk_cache)
     prefetched: int = 0  # of ``bytes``, those read ahead of the bundle (worker/prefetch.py)
+    # seconds the server took for the rest of ``bytes``, requests outstanding
+    # (datavine.io.source.timed: root:// files; 0 for the others)
+    read_s: float = 0.0
 
     def as_dict(self) -> ReadRecordDict:
         """The record as a bundle's result carries it (``dataclasses.asdict``, typed)."""
         return ReadRecordDict(lfn=self.lfn, server=self.server, rack=self.rack,
                               bytes=self.bytes, failovers=self.failovers, errors=self.errors,
                               cached=self.cached, decoded=self.decoded, dropped=self.dropped,
-                              disk=self.disk, prefetched=self.prefetched)
+                              disk=self.disk, prefetched=self.prefetched,
+                              read_s=self.read_s)
 
 
 class Opened(NamedTuple):
@@ -152,7 +157,8 @@ class ReadContext:
             out.append(ReadRecord(o.lfn, o.server, o.rack, bytes_requested(o.handle),
                                   o.failovers, o.errors, cached, decoded,
                                   disk=bytes_from_disk(o.handle),
-                                  prefetched=bytes_prefetched(o.handle)))
+                                  prefetched=bytes_prefetched(o.handle),
+                                  read_s=seconds_reading(o.handle)))
         out.extend(ReadRecord(lfn, MEMORY, None, 0, cached=use[0], decoded=use[1])
                    for lfn, use in self.cache_use.items() if lfn not in noted)
         cache = column_cache.cache()
@@ -253,33 +259,40 @@ def _open_served(url: str, shardmap: ShardMap | None, opener: Opener[H],
                  options: Mapping[str, object]) -> tuple[H, OpenRecord]:
     ctx = _context
     shards = shardmap if shardmap is not None else (ctx.shardmap if ctx is not None else None)
-    if ctx is not None and ctx.disk is not None and is_xrootd(url) and \
-            opener in (open_file, make_source):  # openers that take ``wrap``
-        options = {**options, "wrap": _disk_wrap(ctx.disk, logical_name(url))}
-    if ctx is not None and prefetch_store.store().serves() and is_xrootd(url) and \
-            opener in (open_file, make_source):  # ranges read ahead for this bundle
-        options = {**options, "wrap": _prefetch_wrap(options.get("wrap"), logical_name(url))}
+    if ctx is not None and is_xrootd(url) and opener in (open_file, make_source):
+        options = {**options, "wrap": _wraps(ctx, logical_name(url), options.get("wrap"))}
     handle, record = source_for(url, shards).open(url, opener, **options)
     if ctx is not None:
         ctx.add(handle, record)
     return handle, record
 
 
-def _disk_wrap(cache: disk_cache.DiskCache, lfn: str) -> Callable[[object], object]:
-    """Puts the worker's disk in front of an uproot source of the file ``lfn`` (uproot
-    imported here)."""
-    from datavine.io.source.disk import DiskCachedSource
+def _wraps(ctx: ReadContext, lfn: str, given: object) -> Callable[[object], object]:
+    """What a bundle's ``root://`` source of the file ``lfn`` reads through, from the server
+    out (uproot imported here): ``given`` (the caller's wrap, if any); the read clock
+    (:class:`~datavine.io.source.timed.TimedSource`: the server's time, for the shards'
+    pace); the worker's disk when it has a cache; the ranges read ahead
+    (:mod:`datavine.io.prefetch_store`) when the store serves this bundle."""
+    from datavine.io.source.timed import TimedSource
 
-    return lambda source: DiskCachedSource(source, cache, lfn)
+    layers: list[Callable[[object], object]] = [given] if callable(given) else []
+    layers.append(TimedSource)
+    if ctx.disk is not None:
+        from datavine.io.source.disk import DiskCachedSource
 
+        cache = ctx.disk
+        layers.append(lambda source: DiskCachedSource(source, cache, lfn))
+    if prefetch_store.store().serves():
+        from datavine.io.source.prefetched import PrefetchedSource
 
-def _prefetch_wrap(inner: object, lfn: str) -> Callable[[object], object]:
-    """Puts the ranges read ahead (:mod:`datavine.io.prefetch_store`) in front of an uproot
-    source of the file ``lfn``, over ``inner`` (another wrap, or None)."""
-    from datavine.io.source.prefetched import PrefetchedSource
+        layers.append(lambda source: PrefetchedSource(source, prefetch_store.store(), lfn))
 
-    below = inner if callable(inner) else (lambda source: source)
-    return lambda source: PrefetchedSource(below(source), prefetch_store.store(), lfn)
+    def wrap(source: object) -> object:
+        for layer in layers:
+            source = layer(source)
+        return source
+
+    return wrap
 
 
 def open_input(url: str, *, shardmap: ShardMap | None = None,

@@ -182,6 +182,10 @@ class ShardMap:
     def __len__(self) -> int:
         return len(self.shards)
 
+    def names(self) -> frozenset[str]:
+        """The shards' names (those a read record's ``server`` is when a shard served it)."""
+        return frozenset(s.name for s in self.shards)
+
     def ranked(self, lfn_or_url: str) -> list[Shard]:
         """All shards, best first: the failover order for this file."""
         lfn = logical_name(lfn_or_url)

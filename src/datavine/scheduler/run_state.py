@@ -343,6 +343,21 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
             self.summary.reads.slow_shards.append(f"at {now - self.start:.1f} s: "
                                                   f"{slow.describe()} for {pace.hold_s:.0f} s")
 
+    def _note_pace(self, category: str, shard: str | None, result: BundleResult) -> None:
+        """What a finished call says of the shards' pace: each clocked read of a shard its
+        rate; a call whose reads were not clocked, all through one shard, its run time."""
+        shardmap = self.cfg.shardmap
+        if shardmap is None:
+            return
+        pace, clocked, names = self.learned.shard_pace, False, shardmap.names()
+        for r in result.reads:
+            seconds = r.get("read_s", 0.0)
+            if seconds > 0 and r["server"] in names:
+                pace.observe_read(r["server"], seconds, r["bytes"] - r.get("prefetched", 0))
+                clocked = True
+        if not clocked and shard is not None and {r["server"] for r in result.reads} == {shard}:
+            pace.observe(category, shard, result.wall_s)
+
     def _submit(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory
         categories = {k: graph.category(k) for k in bundle.keys}
@@ -511,8 +526,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
         peak = result.peak_mb
         worker = self._note_worker(result, addrport, bundle)
         self.learned.worker_pace.observe(worker, result.wall_s, self._expected(bundle))
-        if entry.shard is not None and {r["server"] for r in result.reads} == {entry.shard}:
-            self.learned.shard_pace.observe(entry.category, entry.shard, result.wall_s)
+        self._note_pace(entry.category, entry.shard, result)
         if self.learned.memory is not None and entry.cap_mb:
             self.learned.memory.record_peak(entry.category, peak, min(result.cache_mb, peak))
         summary = self.summary

@@ -4,15 +4,25 @@ the next shard in line.
 A shard can serve every read and still be the run's straggler: a saturated or throttled
 link, a failing disk. Backup copies (:mod:`datavine.scheduler.speculation`) rescue a call
 that runs late, but a slow shard makes *every* call reading its files slow, and the expected
-time of their category is learned from those same slow calls. So the pace is compared
-between shards, within a category: the bundles of one category that read through a shard
-took, in the median, ``factor`` times or more what the same category's bundles took through
-the other shards, and ``min_excess_s`` more at least (each side at least ``min_samples``
-bundles): a cold cache against a warm one, or bundles of milliseconds, are no straggler. A
-call still running through a shard counts once it has run longer than that: the slow
-shard's calls end last, and waiting for them would notice it only at the run's end.
+time of their category is learned from those same slow calls. So shards are compared with
+each other, two ways:
 
-A shard found slow is read around for ``hold_s`` seconds (the caller marks it in
+- their read rate, as the workers clocked it (:mod:`datavine.io.source.timed`: seconds a
+  read of the file was outstanding, for the bytes asked of the server): a shard is slow when
+  its reads took, in the median, ``factor`` times or more the other shards' seconds per byte,
+  and ``min_read_excess_s`` more than those bytes would have taken at the others' rate (each
+  side at least ``min_samples`` reads of ``min_read_bytes`` or more). A bundle's run time
+  mixes the reads with decompression and the analysis, which a slow shard does not slow: a
+  shard serving at a tenth of the others' rate can make its bundles only twice as long;
+- their bundles' run time, for calls that have no clocked reads (the workers of an older
+  datavine, files opened by other means) and for calls still running: the bundles of one
+  category that read through a shard took, in the median, ``factor`` times or more what the
+  same category's bundles took through the other shards, and ``min_excess_s`` more at
+  least. A call still running through a shard counts once it has run longer than that: the
+  slow shard's calls end last, and waiting for them would notice it only at the run's end.
+
+A cold cache against a warm one, or reads of milliseconds, are no straggler (the excess
+bounds). A shard found slow is read around for ``hold_s`` seconds (the caller marks it in
 :class:`datavine.io.shards.ShardHealth`, so placement and the workers' reads go to the next
 shard in line, as for a failed shard), then tried again. No clock, no I/O.
 """
@@ -27,9 +37,14 @@ from dataclasses import dataclass, field
 __all__ = ["ShardPace", "SlowShard"]
 
 
+READS = "reads"  # a SlowShard's category when its read rate gave it away
+MB = 1_000_000
+
+
 @dataclass(frozen=True, slots=True)
 class SlowShard:
-    """A shard found slow: how much slower than the others, in which category."""
+    """A shard found slow: how much slower than the others, in which category (or in its
+    reads: :data:`READS`), and the medians compared (seconds a bundle, or per MB read)."""
 
     shard: str
     category: str
@@ -38,9 +53,16 @@ class SlowShard:
     others_s: float
 
     def describe(self) -> str:
-        return (f"shard {self.shard} is {self.ratio:.1f}x slower than the other shards for "
-                f"{self.category!r} ({self.median_s:.2f} s a bundle against "
-                f"{self.others_s:.2f} s): its files are read through the next shard in line")
+        if self.category == READS:
+            measure = (f"reads at {1 / self.median_s:.1f} MB/s against "
+                       f"{1 / self.others_s:.1f} MB/s"
+                       if self.median_s > 0 and self.others_s > 0 else "reads")
+            what = f"in its reads ({measure})"
+        else:
+            what = (f"for {self.category!r} ({self.median_s:.2f} s a bundle against "
+                    f"{self.others_s:.2f} s)")
+        return (f"shard {self.shard} is {self.ratio:.1f}x slower than the other shards {what}"
+                ": its files are read through the next shard in line")
 
 
 @dataclass
@@ -50,10 +72,14 @@ class ShardPace:
     factor: float = 3.0
     min_samples: int = 3
     min_excess_s: float = 0.5
+    min_read_excess_s: float = 0.25
+    min_read_bytes: int = 256 * 1024
     hold_s: float = 60.0
-    keep: int = 32  # the most recent bundle times kept per category and shard
+    keep: int = 32  # the most recent bundle times (reads) kept per category and shard
     _times: dict[str, dict[str, deque[float]]] = field(
         default_factory=lambda: defaultdict(dict), init=False, repr=False)
+    _reads: dict[str, deque[tuple[float, int]]] = field(default_factory=dict, init=False,
+                                                         repr=False)
 
     def observe(self, category: str, shard: str, seconds: float) -> None:
         """A bundle of ``category`` that read only through ``shard`` took ``seconds``."""
@@ -62,11 +88,45 @@ class ShardPace:
             by_shard[shard] = deque(maxlen=self.keep)
         by_shard[shard].append(seconds)
 
+    def observe_read(self, shard: str, seconds: float, nbytes: int) -> None:
+        """A read through ``shard`` of ``nbytes`` bytes was outstanding ``seconds`` (reads
+        under ``min_read_bytes``, or not clocked, say nothing of the shard's rate)."""
+        if nbytes < self.min_read_bytes or seconds <= 0:
+            return
+        if shard not in self._reads:
+            self._reads[shard] = deque(maxlen=self.keep)
+        self._reads[shard].append((seconds, nbytes))
+
     def judge(self, running: Iterable[tuple[str, str, float]] = (),
               skip: Iterable[str] = ()) -> list[SlowShard]:
         """The shards slow now, given the calls still ``running`` as (category, shard,
         seconds so far); shards in ``skip`` (already read around) are not judged."""
         skipped = set(skip)
+        found = self._judge_reads(skipped)
+        for shard, slow in self._judge_bundles(running, skipped).items():
+            found.setdefault(shard, slow)
+        return [found[s] for s in sorted(found)]
+
+    def _judge_reads(self, skipped: set[str]) -> dict[str, SlowShard]:
+        """The shards whose clocked reads are slow against the others' (seconds per MB)."""
+        found: dict[str, SlowShard] = {}
+        for shard in sorted(set(self._reads) - skipped):
+            others = [s / b for o, rs in self._reads.items() if o != shard for s, b in rs]
+            mine = self._reads[shard]
+            if len(others) < self.min_samples or len(mine) < self.min_samples:
+                continue
+            others_spb = statistics.median(others)
+            mine_spb = statistics.median(s / b for s, b in mine)
+            excess_s = statistics.median(s - b * others_spb for s, b in mine)
+            if (others_spb > 0 and mine_spb >= self.factor * others_spb
+                    and excess_s >= self.min_read_excess_s):
+                found[shard] = SlowShard(shard, READS, mine_spb / others_spb, mine_spb * MB,
+                                         others_spb * MB)
+        return found
+
+    def _judge_bundles(self, running: Iterable[tuple[str, str, float]],
+                       skipped: set[str]) -> dict[str, SlowShard]:
+        """The shards whose bundles are slow against the same category's elsewhere."""
         ongoing: dict[tuple[str, str], list[float]] = defaultdict(list)
         for category, shard, elapsed in running:
             ongoing[category, shard].append(elapsed)
@@ -90,9 +150,10 @@ class ShardPace:
                     slow = SlowShard(shard, category, median_s / others_s, median_s, others_s)
                     if shard not in found or slow.ratio > found[shard].ratio:
                         found[shard] = slow
-        return [found[s] for s in sorted(found)]
+        return found
 
     def forget(self, shard: str) -> None:
         """``shard`` is read around: its old times would judge it again when it comes back."""
         for by_shard in self._times.values():
             by_shard.pop(shard, None)
+        self._reads.pop(shard, None)

@@ -92,22 +92,29 @@ def bytes_requested(handle: object) -> int:
     """Bytes asked of the handle's source so far: for an uproot source, file or directory
     (uproot counts every byte of every range requested, failed reads included); 0 when the
     handle has no source."""
-    return _source_count(handle, "num_requested_bytes")
+    return int(_source_count(handle, "num_requested_bytes"))
 
 
 def bytes_from_disk(handle: object) -> int:
     """Bytes the worker's disk served the handle's source so far
     (:class:`datavine.io.source.disk.DiskCachedSource`); 0 when it has no such source."""
-    return _source_count(handle, "num_disk_bytes")
+    return int(_source_count(handle, "num_disk_bytes"))
 
 
 def bytes_prefetched(handle: object) -> int:
     """Bytes of the handle's source that a prefetch fetched ahead of the bundle
     (:class:`datavine.io.source.prefetched.PrefetchedSource`); 0 when it has no such source."""
-    return _source_count(handle, "num_prefetched_bytes")
+    return int(_source_count(handle, "num_prefetched_bytes"))
 
 
-def _source_count(handle: object, counter: str) -> int:
+def seconds_reading(handle: object) -> float:
+    """Seconds the server took to serve the handle's source so far, its requests outstanding
+    (:class:`datavine.io.source.timed.TimedSource`); 0 when it has no such source."""
+    return _source_count(handle, "num_read_seconds", float)
+
+
+def _source_count(handle: object, counter: str, kind: type[int] | type[float] = int,
+                  ) -> int | float:
     """The ``counter`` of the uproot source behind ``handle`` (a source, a file, or a
     directory), 0 when it has none."""
     for path in ((), ("source",), ("file", "source")):
@@ -115,7 +122,7 @@ def _source_count(handle: object, counter: str) -> int:
         for part in path:
             obj = getattr(obj, part, None)
         if obj is not None and hasattr(obj, counter):
-            return int(getattr(obj, counter))
+            return kind(getattr(obj, counter))
     return 0
 
 

@@ -25,20 +25,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import queue
 import struct
 
 import uproot
 
 from datavine.io.disk_cache import IDENTITY_BYTES, DiskCache
+from datavine.io.source.wrapped import Chunk, Notifications, WrappedSource
 
 # the ROOT file header, as uproot reads it (uproot.reading): small (32-bit) and big pointers
 _SMALL = struct.Struct(">4siiiiiiiBiiiH16s")
 _BIG = struct.Struct(">4siiqqiiiBiqiH16s")
 BIG_VERSION = 1000000  # fVersion at and above which the header's pointers are 64-bit
 
-Chunk = uproot.source.chunk.Chunk
-Notifications = queue.Queue["uproot.source.chunk.Chunk"]  # uproot's: each chunk once filled
 
 
 def header_identity(header: bytes | memoryview) -> bytes | None:
@@ -56,17 +54,16 @@ def header_identity(header: bytes | memoryview) -> bytes | None:
     return hashlib.blake2b(data[:layout.size], digest_size=IDENTITY_BYTES).digest()
 
 
-class DiskCachedSource(uproot.source.chunk.Source):
+class DiskCachedSource(WrappedSource):
     """``inner`` (an open uproot source of a remote file) with ``cache`` in front of it."""
 
     def __init__(self, inner: uproot.source.chunk.Source, cache: DiskCache,
                  name: str | None = None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._cache = cache
         self._name = name  # the file's logical name, noted beside its ranges
         self._identity: bytes | None = None
         self._num_disk_bytes = 0
-        self._file_path = inner.file_path
 
     # --- what uproot asks -------------------------------------------------------------------
     def chunk(self, start: int, stop: int) -> uproot.source.chunk.Chunk:
@@ -118,53 +115,10 @@ class DiskCachedSource(uproot.source.chunk.Source):
         if data is not None:
             self._cache.put(identity, chunk.start, chunk.stop, data)
 
-    # --- the rest is the wrapped source's ----------------------------------------------------
-    @property
-    def inner(self) -> uproot.source.chunk.Source:
-        return self._inner
-
     @property
     def num_disk_bytes(self) -> int:
         """Bytes served from the disk so far."""
         return self._num_disk_bytes
-
-    @property
-    def num_bytes(self) -> int:
-        return int(self._inner.num_bytes)
-
-    @property
-    def num_requests(self) -> int:
-        return int(self._inner.num_requests)
-
-    @property
-    def num_requested_chunks(self) -> int:
-        return int(self._inner.num_requested_chunks)
-
-    @property
-    def num_requested_bytes(self) -> int:
-        """Bytes asked of the server (not those the disk served)."""
-        return int(self._inner.num_requested_bytes)
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._inner.closed)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def __enter__(self) -> DiskCachedSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._inner.__exit__(*exc)
-
-    def __getattr__(self, name: str) -> object:  # the wrapped source's own (file, timeout, ...)
-        if name.startswith("__") or name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-    def __repr__(self) -> str:
-        return f"<DiskCachedSource {self._inner!r}>"
 
 
 class _Keeper:
