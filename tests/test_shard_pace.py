@@ -39,7 +39,7 @@ MB = 1_000_000
 
 
 def reads_pace(rates: dict[str, list[tuple[float, int]]]) -> ShardPace:
-    pace = ShardPace(factor=3.0, min_samples=3)
+    pace = ShardPace(factor=3.0, min_read_samples=3)
     for shard, reads in rates.items():
         for seconds, nbytes in reads:
             pace.observe_read(shard, seconds, nbytes)

@@ -11,7 +11,8 @@ each other, two ways:
   read of the file was outstanding, for the bytes asked of the server): a shard is slow when
   its reads took, in the median, ``factor`` times or more the other shards' seconds per byte,
   and ``min_read_excess_s`` more than those bytes would have taken at the others' rate (each
-  side at least ``min_samples`` reads of ``min_read_bytes`` or more). A bundle's run time
+  side at least ``min_read_samples`` reads of ``min_read_bytes`` or more: the first reads of a
+  slow shard end late, and a run of a few minutes cannot wait for many). A bundle's run time
   mixes the reads with decompression and the analysis, which a slow shard does not slow: a
   shard serving at a tenth of the others' rate can make its bundles only twice as long;
 - their bundles' run time, for calls that have no clocked reads (the workers of an older
@@ -74,6 +75,7 @@ class ShardPace:
     min_excess_s: float = 0.5
     min_read_excess_s: float = 0.25
     min_read_bytes: int = 256 * 1024
+    min_read_samples: int = 2  # a rate is steadier than a bundle's time: 2 reads each side
     hold_s: float = 60.0
     keep: int = 32  # the most recent bundle times (reads) kept per category and shard
     _times: dict[str, dict[str, deque[float]]] = field(
@@ -113,7 +115,7 @@ class ShardPace:
         for shard in sorted(set(self._reads) - skipped):
             others = [s / b for o, rs in self._reads.items() if o != shard for s, b in rs]
             mine = self._reads[shard]
-            if len(others) < self.min_samples or len(mine) < self.min_samples:
+            if len(others) < self.min_read_samples or len(mine) < self.min_read_samples:
                 continue
             others_spb = statistics.median(others)
             mine_spb = statistics.median(s / b for s, b in mine)
