@@ -47,6 +47,15 @@ def test_queued_calls_are_copied_first_then_the_latest_to_an_idle_worker_of_thei
     assert [(c.call, w) for c, w in chosen] == [(2, "w4"), (1, "w2")]
 
 
+def test_a_call_through_a_shard_found_slow_is_copied_before_it_is_late() -> None:
+    on_time = OutCall(1, "w1", False, 9.9, 1.0, "A")  # 0.1 s of its expected 1 s
+    through_slow = replace(on_time, call=2, slow_shard=True)
+    idle = [IdleWorker("w2", "A", 1)]
+    assert choose([on_time], idle, 10.0, late_factor=2.0, late_slack_s=0.2) == []
+    chosen = choose([on_time, through_slow], idle, 10.0, late_factor=2.0, late_slack_s=0.2)
+    assert [(c.call, w) for c, w in chosen] == [(2, "w2")]
+
+
 def test_a_copy_never_goes_to_its_own_worker_nor_beyond_the_idle_cores() -> None:
     out = [OutCall(1, "w1", True, None, 1.0), OutCall(2, "w1", True, None, 2.0)]
     assert choose(out, [IdleWorker("w1", None, 3)], 5.0, late_factor=2, late_slack_s=0) == []
@@ -215,6 +224,24 @@ def test_a_copy_of_a_call_that_only_waits_reads_where_its_first_copy_would() -> 
     pool.finish(c3, "w2")
     (copy,) = of(Submit, pool.tick())
     assert copy.spec.avoid == ()
+
+
+def test_a_call_sent_through_a_shard_found_slow_since_is_copied_around_it() -> None:
+    shards = ShardMap.from_urls(["root://xc-a:1094", "root://xc-b:1094"])
+    url = "root://redirector:1094//store/f.root"
+    home = shards.shard_for(url).name
+    pool = two_workers({"x": (reads, url)}, ["x"], replace(SPEC, shardmap=shards))
+    pool.state.learned.costs.observe("x", 1, 10.0)  # expected 10 s: far from late
+    (first,) = of(Submit, pool.tick())
+    placed(pool, {first.call: "w1"})
+    assert of(Submit, pool.tick(0.5)) == []  # on time, its shard fine: no copy
+    pool.state.learned.shard_health.read_around(home, until=pool.now + 60)  # judged slow
+    (copy,) = of(Submit, pool.tick(0.5))
+    assert copy.target.worker == "w2" and copy.spec.avoid == (home,)
+    backups = pool.state.summary.backups
+    assert (backups.started, backups.slow_shard, backups.late) == (1, 1, 0)
+    story = [s.detail for s in pool.state.story("x")]
+    assert any(f"reads through shard {home}, found slow" in n for n in story), story
 
 
 def test_a_copy_that_fails_is_dropped_and_its_first_copy_goes_on() -> None:

@@ -60,17 +60,19 @@ class BackupCopies(RunParts):
         in a busy worker's library, run far past their expected time, or run on a worker so
         slow that an idle one would end them sooner, onto idle workers."""
         out, pace = [], self.learned.worker_pace
+        slow = set(self.learned.shard_health.slow(now)) if self.cfg.shardmap else set()
         for call, entry in self.inflight.items():
             worker = self.lanes.on.get(call)
             if worker is None or entry.again is not None or call in self.copy_of:
                 continue
             queued = self.lanes.queued(call)
-            if queued and not self._behind_late(worker, now) and (
+            through_slow = entry.shard in slow  # sent before its shard was found slow
+            if queued and not through_slow and not self._behind_late(worker, now) and (
                     not self.cfg.speculation_waiting or self._held_on(entry.bundle, worker)):
                 continue  # (held: its worker holds its columns, it runs there soon)
             out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
                                self._expected(entry.bundle), self._files_rack(entry.bundle),
-                               pace.of(worker)))
+                               pace.of(worker), through_slow))
         racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
         for chosen, worker in choose(out, self.lanes.idle(racks, pace.of), now,
                                      late_factor=self.cfg.speculation_after,
@@ -121,9 +123,12 @@ class BackupCopies(RunParts):
         entry = self.inflight[chosen.call]
         bundle, graph = entry.bundle, self.graph
         # a late copy reads around its first copy's shard, which may be the slow part; a
-        # copy of a call that only waits behind another reads where the first would
+        # copy of a call that only waits behind another reads where the first would; a copy
+        # of one sent through a shard found slow since reads around that one (_send adds
+        # every slow shard), through the shard its files have now
         shards = ([self.dispatch.shard_now(f, self.now) for f in bundle.files]
-                  if self.cfg.shardmap is not None and not chosen.queued else [])
+                  if self.cfg.shardmap is not None and not chosen.queued
+                  and not chosen.slow_shard else [])
         avoid = tuple(sorted({s.name for s in shards if s is not None and not s.is_origin}))
         plan = self.kept.plan(list(entry.plan.store), bundle.inputs)  # temps of its own
         topology = self.learned.topology
@@ -137,7 +142,9 @@ class BackupCopies(RunParts):
         is_late = late(chosen, self.now, self.cfg.speculation_after,
                        self.cfg.speculation_slack_s)
         sooner = outrun_s(chosen, self.now, self.learned.worker_pace.of(worker))
-        why = ("it waits behind another call of its worker" if chosen.queued else
+        why = (f"it reads through shard {entry.shard}, found slow since it was sent"
+               if chosen.slow_shard else
+               "it waits behind another call of its worker" if chosen.queued else
                f"it has run {self.now - (chosen.began or self.now):.2f} s, "
                f"{self.cfg.speculation_after:g} x its expected {chosen.expected_s or 0:.2f} s "
                "and more" if is_late else
@@ -148,7 +155,9 @@ class BackupCopies(RunParts):
                        f"{chosen.worker} {why}")
         backups = self.summary.backups
         backups.started += 1
-        if chosen.queued:
+        if chosen.slow_shard:
+            backups.slow_shard += 1
+        elif chosen.queued:
             backups.queued += 1
         elif is_late:
             backups.late += 1

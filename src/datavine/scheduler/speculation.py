@@ -48,6 +48,7 @@ class OutCall:
     expected_s: float | None
     rack: str | None = None
     pace: float = 1.0  # its worker's pace (WorkerPace): 2.0 runs twice the expected time
+    slow_shard: bool = False  # it reads through a shard read around now for being slow
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,8 @@ def choose(out: Iterable[OutCall], idle: Sequence[IdleWorker], now: float, *,
     """Copies to start now: (call, the worker to run its copy), at most one per idle core.
 
     Queued calls first (the longest expected first: the longest wait an idle core can save),
-    then late ones (the latest first, by how many expected times they have run), then those
+    then late ones and those reading through a shard found slow since they were sent (the
+    latest first, by how many expected times they have run), then those
     an idle worker would outrun by more than ``late_slack_s`` (the most first); each copy
     goes to an idle worker other than its call's, one in its files' rack when there is one
     (for an outrun call, the one whose copy would end first)."""
@@ -94,7 +96,8 @@ def choose(out: Iterable[OutCall], idle: Sequence[IdleWorker], now: float, *,
     out = list(out)
     queued = sorted((c for c in out if c.queued),
                     key=lambda c: (-(c.expected_s or 0.0), c.call))
-    stragglers = sorted((c for c in out if late(c, now, late_factor, late_slack_s)),
+    stragglers = sorted((c for c in out if not c.queued and (
+                            c.slow_shard or late(c, now, late_factor, late_slack_s))),
                         key=lambda c: (-(now - (c.began or now)) / (c.expected_s or 1.0),
                                        c.call))
     fastest = min(paces.values())

@@ -70,14 +70,16 @@ class Traffic:
 @dataclass
 class Backups:
     """Backup copies (:mod:`datavine.scheduler.speculation`): copies sent (of calls that
-    waited behind another, of late ones, and of calls on a slow worker that an idle one
-    would outrun), copies whose result came first, copies cancelled because the first copy
-    came first (or failed), copies that failed."""
+    waited behind another, of late ones, of calls on a slow worker that an idle one would
+    outrun, and of calls sent through a shard found slow since), copies whose result came
+    first, copies cancelled because the first copy came first (or failed), copies that
+    failed."""
 
     started: int = 0
     queued: int = 0
     late: int = 0
     outrun: int = 0
+    slow_shard: int = 0
     won: int = 0
     cancelled: int = 0
     failed: int = 0
@@ -277,9 +279,9 @@ class RunSummary:
         b = self.backups
         if b.started:
             out.append(f"  backups: {b.started} copies ({b.queued} of waiting calls, {b.late} "
-                       f"of late ones, {b.outrun} of calls on a slower worker): {b.won} came "
-                       f"first, {b.cancelled} cancelled, "
-                       f"{b.failed} failed")
+                       f"of late ones, {b.outrun} of calls on a slower worker, "
+                       f"{b.slow_shard} of calls through a slow shard): {b.won} came "
+                       f"first, {b.cancelled} cancelled, {b.failed} failed")
         if self.lost_workers:
             out.append(f"  lost workers: {', '.join(self.lost_workers[:8])}"
                        + (f" ({len(self.lost_workers)} in all)" if len(self.lost_workers) > 8
