@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datavine.scheduler import graph
-from datavine.scheduler.bundling import CostModel, Planner, bundle_size
+from datavine.scheduler.bundling import HELD_TOGETHER, CostModel, Planner, bundle_size
 
 
 def random_dag(n: int, seed: int, fan_in: int = 3) -> dict:
@@ -122,3 +122,61 @@ def test_requeued_bundle_runs_again_and_completes() -> None:
     assert again and set(again[0].keys) == set(first[0].keys)
     planner.complete(again[0])
     assert planner.finished
+
+
+def held_planner(holders: dict[int, str | None], cost_s: float | None = 0.01,
+                 target_s: float = 0.04) -> Planner:
+    """12 chunk tasks, each reading a piece of its own file, merged by one sum; ``holders``:
+    the worker whose cache holds chunk i's piece (None: no one's)."""
+    dsk: dict = {("chunk", i): (str, f"/data/f{i}.root") for i in range(12)}
+    dsk["total"] = (sum, [("chunk", i) for i in range(12)])
+    g = graph.build(dsk, ["total"])
+    files = {k: ((f"/data/f{k[1]}.root",) if isinstance(k, tuple) else ()) for k in g.nodes}
+    costs = CostModel()
+    if cost_s is not None:
+        costs.observe(g.category(("chunk", 0)), 1, cost_s)
+    return Planner(g, files=files.__getitem__, costs=costs, target_s=target_s, max_tasks=64,
+                   holder=lambda k: holders.get(k[1]) if isinstance(k, tuple) else None)
+
+
+def chunks_of(bundles: list) -> list[list[int]]:
+    return [[k[1] for k in b.keys if isinstance(k, tuple)] for b in bundles]
+
+
+def test_file_tasks_held_by_one_worker_go_together_up_to_the_bundle_size() -> None:
+    holders = {i: ("w1" if i % 2 == 0 else "w2") for i in range(10)}  # 10, 11: no one's
+    planner, bundles = held_planner(holders, target_s=0.035), []
+    while formed := planner.next_bundles(4):  # 4 at a time: a pass's first bundles
+        bundles += formed
+    chunks = chunks_of(bundles)
+    assert sorted(i for c in chunks for i in c) == list(range(12))  # each chunk once
+    for c in chunks:
+        assert len({holders.get(i) for i in c}) == 1  # one holder per bundle
+        assert len(c) <= 3  # target 0.035 s of 0.01 s tasks
+        if holders.get(c[0]) is None:
+            assert len(c) == 1  # a task no one holds is a seed of its own
+    assert max(len(c) for c in chunks) == 3
+    for b, c in zip(bundles, chunks, strict=True):  # the bundle names every file it reads
+        assert len(b.files) == len(c)
+
+
+def test_held_tasks_go_together_by_at_most_held_together() -> None:
+    bundles = held_planner({i: "w1" for i in range(12)}, target_s=1.0).next_bundles(1)
+    assert [len(c) for c in chunks_of(bundles)] == [HELD_TOGETHER]
+
+
+def test_without_a_known_cost_or_a_holder_each_file_task_is_a_bundle() -> None:
+    for holders, cost in (({i: "w1" for i in range(12)}, None), ({}, 0.01)):
+        bundles = held_planner(holders, cost).next_bundles(12)
+        assert all(len(c) == 1 for c in chunks_of(bundles))
+
+
+def test_held_tasks_go_together_only_in_uncapped_runs() -> None:
+    from datavine.config import RunConfig
+    from datavine.scheduler.learned import Learned
+    from datavine.scheduler.run_state import RunState
+
+    g = graph.build({"x": (str, "/data/f.root")}, ["x"])
+    for cfg, grouped in ((RunConfig(memory=None), True), (RunConfig(), False)):
+        state = RunState(g, cfg, Learned.fresh(cfg), now=0.0)
+        assert (state.planner._holder is not None) is grouped

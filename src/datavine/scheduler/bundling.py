@@ -55,6 +55,10 @@ class CostModel:
         return self.seconds.get(category)
 
 
+HOLDER_SCAN = 256  # ready tasks looked at for ones held by the same worker (the heap's first)
+HELD_TOGETHER = 4  # the most file tasks held by one worker that go in one bundle
+
+
 def bundle_size(estimate_s: float | None, n_ready: int, n_bundles: int, *,
                 target_s: float, max_tasks: int) -> int:
     """How many seeds to put in the next bundle.
@@ -76,11 +80,13 @@ class Planner:
 
     def __init__(self, graph: TaskGraph, *, files: Callable[[Key], tuple[str, ...]],
                  costs: CostModel, target_s: float, max_tasks: int,
-                 priority: Mapping[Key, int] | None = None) -> None:
+                 priority: Mapping[Key, int] | None = None,
+                 holder: Callable[[Key], str | None] | None = None) -> None:
         """``priority``: the order ready tasks are taken in (lower first; default dask's,
         ``graph.priority``; :func:`datavine.scheduler.longest_first.longest_first` gives
         one where larger reads go first)."""
         self.graph = graph
+        self._holder = holder
         self._priority = graph.priority if priority is None else priority
         self._files = files
         self.costs = costs
@@ -132,6 +138,11 @@ class Planner:
             members.append(key)
             files.extend(key_files)
             if key_files:
+                if size > 1 and self.costs.estimate(category) is not None:
+                    for other in self._held_with(key, category,
+                                                 min(size, HELD_TOGETHER) - 1):
+                        members.append(other)
+                        files.extend(self._files(other))
                 break
         self._scheduled.update(members)
         members = self._closure(members)
@@ -149,6 +160,23 @@ class Planner:
             if k in graph.outputs or any(d not in member_set for d in graph.dependents[k])
         }
         return Bundle(next(self._ids), members, inputs, outputs, tuple(files))
+
+    def _held_with(self, seed: Key, category: str, n: int) -> list[Key]:
+        """Up to ``n`` more ready file tasks of ``category`` whose pieces the worker holding
+        ``seed``'s holds too, highest priority first (among the first :data:`HOLDER_SCAN`
+        entries of the ready heap); none when no worker holds ``seed``'s."""
+        holder = self._holder
+        home = holder(seed) if holder is not None else None
+        if holder is None or home is None:
+            return []
+        found = []
+        for priority, key in itertools.islice(self._ready, HOLDER_SCAN):
+            if (key in self._scheduled or self._missing[key] > 0 or key == seed
+                    or self.graph.category(key) != category or not self._files(key)):
+                continue
+            if holder(key) == home:
+                found.append((priority, key))
+        return [key for _, key in heapq.nsmallest(n, found, key=lambda pk: pk[0])]
 
     def _drop_stale(self) -> bool:
         """Pop a ready entry already taken by another bundle's closure, or waiting again for

@@ -315,6 +315,17 @@ class Topology(WorkerIndexes):
                 self._shard_names.add(host)
         return self._alias.get(host, host) if host is not None else None
 
+    def holder(self, pieces: Iterable[str]) -> str | None:
+        """The worker whose caches hold every one of ``pieces`` (the first by name when
+        several do; None when none does, or there are no pieces)."""
+        common: set[str] | None = None
+        for piece in pieces:
+            readers = self._readers.get(piece)
+            common = set(readers or ()) if common is None else common & (readers or set())
+            if not common:
+                return None
+        return min(common) if common else None
+
     def near(self, task: TaskInputs) -> list[WorkerView]:
         """Views of every worker that can be near ``task``'s files: those that read one, and
         those on a host or in a rack of the files' shards. Any other worker is far, and a
