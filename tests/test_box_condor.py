@@ -106,7 +106,10 @@ port, password, out, want, timeout_s = sys.argv[1:6]
 m = vine.Manager(port=int(port), run_info_path=out + ".run-info")
 m.set_password_file(password)
 start = time.monotonic()
-while m.stats.workers_connected < int(want) and time.monotonic() - start < float(timeout_s):
+def ready():  # connected, and each said its resources (they follow its features)
+    workers = m.status("workers") if m.stats.workers_connected >= int(want) else []
+    return len(workers) >= int(want) and all(w.get("cores_total") for w in workers)
+while not ready() and time.monotonic() - start < float(timeout_s):
     m.wait(1)
 with open(out + ".tmp", "w") as f:
     json.dump({"waited_s": time.monotonic() - start, "workers": m.status("workers")}, f)
