@@ -176,12 +176,13 @@ class RunConfig:
             2-core machine it gained nothing measurable, its cancels stop running calls,
             whose capped child takes the worker's column cache with it, and twice a run
             stalled 60 s after such a cancel; see benchmarks/README.md, stragglers).
-        read_around_slow_shards: an XCache shard whose bundles take 3x the other shards'
-            (:mod:`datavine.scheduler.shard_pace`) is read around for a while: its files'
-            next calls read through the next shard in line, which caches them too. Judged
-            on time, so a loaded host can make a shard look slow; ``False`` keeps every
-            file on its own shard (a failed shard is still read around). The summary's
-            ``reads.slow_shards`` says when and why.
+        read_around_slow_shards: an XCache shard whose reads, as the workers clock them,
+            take 3x the other shards' seconds per byte (or whose bundles take 3x, where
+            reads are not clocked: :mod:`datavine.scheduler.shard_pace`) is read around for
+            a while: its files' next calls read through the next shard in line, which
+            caches them too. Judged on time, so a cold cache against warm ones can look
+            slow; ``False`` keeps every file on its own shard (a failed shard is still read
+            around). The summary's ``reads.slow_shards`` says when and why.
         column_cache: workers keep the columns they decoded (:mod:`datavine.io.column_cache`),
             across bundles and runs of the cluster, and placement prefers the worker that
             holds a file's columns; reads through :func:`datavine.io.cached_arrays.read_arrays`

@@ -161,6 +161,7 @@ class ShardMap:
             raise ValueError(f"shard names must be unique: {names}")
         if ORIGIN_NAME in names:
             raise ValueError(f"{ORIGIN_NAME!r} is reserved for the origin")
+        self._names = frozenset(names)
         self.origin: Shard | None = (
             Shard(url=origin, name=ORIGIN_NAME) if origin is not None else None)
         # Equal weights keep the plain hash order (the map of a map without weights).
@@ -184,7 +185,7 @@ class ShardMap:
 
     def names(self) -> frozenset[str]:
         """The shards' names (those a read record's ``server`` is when a shard served it)."""
-        return frozenset(s.name for s in self.shards)
+        return self._names
 
     def ranked(self, lfn_or_url: str) -> list[Shard]:
         """All shards, best first: the failover order for this file."""

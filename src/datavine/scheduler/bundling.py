@@ -166,8 +166,7 @@ class Planner:
         ``seed``'s holds too, highest priority first (among the first :data:`HOLDER_SCAN`
         entries of the ready heap); none when no worker holds ``seed``'s."""
         holder = self._holder
-        home = holder(seed) if holder is not None else None
-        if holder is None or home is None:
+        if holder is None or (home := holder(seed)) is None:
             return []
         found = []
         for priority, key in itertools.islice(self._ready, HOLDER_SCAN):

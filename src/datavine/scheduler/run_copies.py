@@ -60,7 +60,7 @@ class BackupCopies(RunParts):
         in a busy worker's library, run far past their expected time, or run on a worker so
         slow that an idle one would end them sooner, onto idle workers."""
         out, pace = [], self.learned.worker_pace
-        slow = set(self.learned.shard_health.slow(now)) if self.cfg.shardmap else set()
+        slow = set(self.learned.shard_health.slow(now))
         for call, entry in self.inflight.items():
             worker = self.lanes.on.get(call)
             if worker is None or entry.again is not None or call in self.copy_of:

@@ -39,19 +39,9 @@ class FailedCalls(RunParts):
     attempts: Counter[Key]
     timed_out: Counter[Key]
 
-    # RunState's and BackupCopies', used here
+    # RunState's, used here (the others it calls: RunParts)
     def _fail(self, error: BaseException, bundle: Bundle | None = None,
               reason: Reason | None = None, detail: str = "") -> NoReturn:
-        raise NotImplementedError
-
-    def _move(self, bundle: Bundle, to: Phase, *, call: int | None = None,
-              reason: Reason | None = None, detail: str = "") -> None:
-        raise NotImplementedError
-
-    def _withdraw(self, call: int, again: Again, *, running: bool = False) -> None:
-        raise NotImplementedError
-
-    def _cancel_copy(self, call: int, why: str) -> None:
         raise NotImplementedError
 
     def _overrun(self, entry: Inflight, result: BundleResult, where: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from datavine.scheduler.bundling import Bundle
 from datavine.scheduler.inflight import Again
 from datavine.scheduler.lifecycle import Phase, Reason
 from datavine.scheduler.network import Finding
@@ -34,17 +33,7 @@ class PoolWatch(RunParts):
     lanes: Lanes
     _out: list[Instruction]
 
-    # RunState's, BackupCopies' and FailedCalls', used here
-    def _move(self, bundle: Bundle, to: Phase, *, call: int | None = None,
-              reason: Reason | None = None, detail: str = "") -> None:
-        raise NotImplementedError
-
-    def _withdraw(self, call: int, again: Again, *, running: bool = False) -> None:
-        raise NotImplementedError
-
-    def _cancel_copy(self, call: int, why: str) -> None:
-        raise NotImplementedError
-
+    # FailedCalls', used here (the others it calls: RunParts)
     def _recover(self, lost: list[Key]) -> None:
         raise NotImplementedError
 

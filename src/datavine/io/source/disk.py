@@ -38,7 +38,6 @@ _BIG = struct.Struct(">4siiqqiiiBiqiH16s")
 BIG_VERSION = 1000000  # fVersion at and above which the header's pointers are 64-bit
 
 
-
 def header_identity(header: bytes | memoryview) -> bytes | None:
     """16 bytes naming one version of a ROOT file, from its first bytes: a digest of its
     header (magic, version, fBEGIN, fEND, fSeekFree, fNbytesFree, nfree, fNbytesName, fUnits,
