@@ -180,3 +180,44 @@ def test_held_tasks_go_together_only_in_uncapped_runs() -> None:
     for cfg, grouped in ((RunConfig(memory=None), True), (RunConfig(), False)):
         state = RunState(g, cfg, Learned.fresh(cfg), now=0.0)
         assert (state.planner._holder is not None) is grouped
+
+
+def merge_planner(merge_cost: float | None) -> tuple[graph.TaskGraph, Planner]:
+    """Four file reads; a merge of the first two, ready (both done) and first in line."""
+    dsk: dict = {f"read-{i}": (str, f"/data/f{i}.root") for i in range(4)}
+    dsk["merge"] = (operator.add, "read-0", "read-1")
+    dsk["total"] = (list, ["merge", "read-2", "read-3"])
+    g = graph.build(dsk, ["total"])
+    costs = CostModel()
+    if merge_cost is not None:
+        costs.observe(g.category("merge"), 1, merge_cost)
+    priority = {"merge": 0, "read-0": 1, "read-1": 2, "read-2": 3, "read-3": 4, "total": 5}
+    planner = Planner(g, files=lambda k: (f"/data/f{k[-1]}.root",) if k.startswith("read")
+                      else (), costs=costs, target_s=0.1, max_tasks=64, priority=priority)
+    for b in planner.next_bundles(2):
+        assert b.keys == [f"read-{b.files[0][-6]}"]
+        planner.complete(b)
+    return g, planner
+
+
+def test_a_cheap_merge_goes_in_the_next_file_tasks_call() -> None:
+    """A merge sent alone would take a slot of a worker's queue: the file task behind it
+    would not be there to be read ahead. Cheap (or not measured yet), it goes with it."""
+    for cost in (None, 0.005):
+        _, planner = merge_planner(cost)
+        (b,) = planner.next_bundles(1)
+        assert set(b.keys) == {"merge", "read-2"}
+        assert b.files == ("/data/f2.root",)  # placed by the file it reads
+        assert b.inputs == {"read-0", "read-1"}
+        assert b.outputs == {"merge", "read-2"}
+        planner.complete(b)
+        (last,) = planner.next_bundles(1)
+        assert last.keys == ["read-3", "total"]  # the rest as before
+
+
+def test_a_costly_merge_goes_alone() -> None:
+    _, planner = merge_planner(0.05)  # half the bundle target: it would hold the read back
+    (b,) = planner.next_bundles(1)
+    assert b.keys == ["merge"]
+    assert b.files == ()
+    assert [x.keys for x in planner.next_bundles(2)] == [["read-2"], ["read-3"]]

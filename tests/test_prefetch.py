@@ -13,6 +13,7 @@ import functools
 import os
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -341,3 +342,47 @@ def test_hints_are_ignored_while_no_bundle_read_ahead_in_this_process(
         pass
     module.on_hint(str(tmp_path / "queued").encode())
     assert module._prefetcher is None
+
+
+def test_calls_queued_before_the_first_bundle_are_read_ahead_once_it_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's first calls arrive together: the one behind the first bundle is read
+    ahead while that bundle runs, not left to read for itself."""
+    from datavine.worker import prefetch as module
+
+    monkeypatch.setattr(module, "_prefetcher", None)
+    monkeypatch.setattr(module, "_early", deque(maxlen=module.EARLY_KEPT))
+    first, queued, gone = (tmp_path / n for n in ("first", "queued", "gone"))
+    first.mkdir()
+    queued.mkdir()
+    for sandbox in (first, queued, gone):  # ``gone``: cancelled before the bundle started
+        module.on_hint(str(sandbox).encode())
+    with module.bundle(str(tmp_path / "off"), 0.0):  # read-ahead off: the hints wait
+        assert module._prefetcher is None
+    with module.bundle(str(first), 64.0):
+        pf = module._prefetcher
+        assert pf is not None
+        assert pf.job(str(queued)) is not None
+        assert pf.job(str(first)) is None  # the bundle running is not read ahead
+        assert pf.job(str(gone)) is None
+    assert not module._early
+    pf.close()
+
+
+def test_calls_queued_before_the_library_has_its_child_are_hinted_to_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from datavine.worker import remote
+
+    monkeypatch.setattr(remote, "_CHILD", None)
+    monkeypatch.setattr(remote, "_EARLY_HINTS", [])
+    remote.call_queued(1, "run_bundle", "/sandbox/first")
+    remote.call_queued(2, "other_function", "/sandbox/other")
+    remote.call_queued(3, "run_bundle", "/sandbox/second")
+    assert remote._EARLY_HINTS == ["/sandbox/first", "/sandbox/second"]
+    child = remote._capped_child()
+    try:
+        # the child that the first call starts gets both (it skips its own call's)
+        assert child._pending == [b"/sandbox/first", b"/sandbox/second"]
+        assert remote._EARLY_HINTS == []
+    finally:
+        child.close()

@@ -88,8 +88,9 @@ def test_a_manager_that_costs_too_much_per_bundle_is_the_limit_and_costs_gbps() 
     assert free.window.manager_busy == 0.0 and free.manager_cores == 0.0
     assert slow.limited_by == "manager_cpu"
     assert slow.window.manager_busy > 0.95
-    # 32 files/s and 1/8 + 1/64 + ... = 1/7 merge bundle per file, 0.1 s each: 3.7 cores
-    assert slow.manager_cores == pytest.approx(32 * 8 / 7 * 0.1, rel=0.05)
+    # 32 files/s, a bundle each, 0.1 s each: 3.2 cores; with 1/8 + 1/64 + ... = 1/7 merge
+    # per file each in a bundle of its own, 3.7 (cheap merges ride in a file's bundle)
+    assert 32 * 0.1 * 0.95 <= slow.manager_cores <= 32 * 8 / 7 * 0.1 * 1.05
     assert slow.gbps < 0.35 * free.gbps  # one core delivers about a quarter of the demand
 
 

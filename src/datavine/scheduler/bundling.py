@@ -7,7 +7,8 @@ computed (the closure), so a subtree of a reduction runs in one process and only
 frontier values travel. Bundle size follows measured task durations per category
 (``target_bundle_s``); unknown categories are spread evenly over the free slots. A task
 that reads an input file is a seed of its own, so it can be placed near its data and
-retried alone.
+retried alone; cheap merges ready before it go in its call (:meth:`Planner._carried`), so
+they do not take the slot in a worker's queue that lets it read the file ahead.
 
 No I/O here: the runtime feeds results in and asks for bundles out.
 """
@@ -57,6 +58,7 @@ class CostModel:
 
 HOLDER_SCAN = 256  # ready tasks looked at for ones held by the same worker (the heap's first)
 HELD_TOGETHER = 4  # the most file tasks held by one worker that go in one bundle
+CARRIED_SHARE = 0.1  # merges this cheap (of the bundle target) go in a file task's call
 
 
 def bundle_size(estimate_s: float | None, n_ready: int, n_bundles: int, *,
@@ -127,18 +129,19 @@ class Planner:
                            target_s=self._target_s, max_tasks=self._max_tasks)
         members: list[Key] = []
         files: list[str] = []
-        while self._ready and len(members) < size:
+        while self._ready:
             if self._drop_stale():
                 continue
             key = self._ready[0][1]
             key_files = self._files(key)
-            if key_files and members:
-                break  # a file-reading task starts its own bundle
+            if members and (not self._carried(members) if key_files else len(members) >= size):
+                break  # a file-reading task starts its own bundle, unless it carries these
             heapq.heappop(self._ready)
             members.append(key)
             files.extend(key_files)
             if key_files:
-                if size > 1 and self.costs.estimate(category) is not None:
+                if (len(members) == 1 and size > 1
+                        and self.costs.estimate(category) is not None):
                     for other in self._held_with(key, category,
                                                  min(size, HELD_TOGETHER) - 1):
                         members.append(other)
@@ -160,6 +163,18 @@ class Planner:
             if k in graph.outputs or any(d not in member_set for d in graph.dependents[k])
         }
         return Bundle(next(self._ids), members, inputs, outputs, tuple(files))
+
+    def _carried(self, members: list[Key]) -> bool:
+        """Whether a file task may go in one call behind ``members`` (tasks that read no
+        file: merges): when their measured cost is at most :data:`CARRIED_SHARE` of a
+        bundle's target (unknown: yes). A merge sent alone takes a slot of a worker's queue,
+        so the file task behind it is not there to be read ahead while the current call
+        computes; carried, it is, and the merge runs where it would have waited anyway."""
+        cost = 0.0
+        for key in members:
+            estimate = self.costs.estimate(self.graph.category(key))
+            cost += estimate or 0.0
+        return cost <= CARRIED_SHARE * self._target_s
 
     def _held_with(self, seed: Key, category: str, n: int) -> list[Key]:
         """Up to ``n`` more ready file tasks of ``category`` whose pieces the worker holding

@@ -324,6 +324,15 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
             pieces = self._pieces[key] = task_pieces(self.graph.nodes[key])
         return self.learned.topology.holder(pieces) if pieces else None
 
+    def _reader(self, bundle: Bundle) -> Key:
+        """The bundle's first task that reads a file (its first task when none does): whose
+        category an uncapped bundle's time is counted under, merges carried beside it
+        (:meth:`datavine.scheduler.bundling.Planner._carried`) or not."""
+        files_of = self.files_of
+        if bundle.files and len(bundle.keys) > 1 and files_of is not None:
+            return next((k for k in bundle.keys if files_of(k)), bundle.keys[0])
+        return bundle.keys[0]
+
     def _one_shard(self, bundle: Bundle) -> str | None:
         """The one XCache shard a bundle's files are read through now (None: no shards,
         several, or the origin)."""
@@ -376,7 +385,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory
         categories = {k: graph.category(k) for k in bundle.keys}
         category = (memory.dominant_category(categories.values()) if memory is not None
-                    else categories[bundle.keys[0]])
+                    else categories[self._reader(bundle)])
         cap_mb = None
         if memory is not None:
             retried = [self.cap_override[k] for k in bundle.keys if k in self.cap_override]

@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 WAIT_S = 10.0  # a bundle waits this long at most for its prefetch still in flight
 PROFILE_WAIT_S = 5.0  # a prefetch waits this long for the process's first read of a tree
 STARTED_KEPT = 64  # sandboxes of calls started, remembered (a late hint is ignored)
+EARLY_KEPT = 8  # hints kept from before the first bundle with read-ahead on
 
 
 @dataclass
@@ -285,15 +286,21 @@ def prefetcher() -> Prefetcher:
     return _prefetcher
 
 
+_early: deque[str] = deque(maxlen=EARLY_KEPT)  # hints before the prefetcher was made
+
+
 def on_hint(data: bytes) -> None:
     """A hint from the library (in the capped child): the sandbox of a call queued for it.
-    Ignored until a bundle ran here with read-ahead on (:func:`bundle` makes the
-    prefetcher): with ``prefetch_mb`` 0, the default, reading each queued call's spec would
-    only take the running bundle's CPU (and its GIL) for nothing."""
-    if _prefetcher is None:
-        return
+    Before a bundle ran here with read-ahead on (:func:`bundle` makes the prefetcher) the
+    sandbox is only noted: with ``prefetch_mb`` 0, the default, reading each queued call's
+    spec would take the running bundle's CPU (and its GIL) for nothing; with it on, the
+    calls queued behind a process's first bundle are read ahead once that bundle starts."""
     with contextlib.suppress(UnicodeDecodeError):
-        _prefetcher.hint(data.decode())
+        owner = data.decode()
+        if _prefetcher is None:
+            _early.append(owner)
+        else:
+            _prefetcher.hint(owner)
 
 
 @contextlib.contextmanager
@@ -304,8 +311,14 @@ def bundle(sandbox: str | None, max_mb: float) -> Iterator[None]:
     if sandbox is None or (max_mb <= 0 and _prefetcher is None):
         yield
         return
+    made = _prefetcher is None
     pf = prefetcher()
     pf.begin(sandbox, max_mb)
+    if made and max_mb > 0:  # the calls queued behind this first one: read ahead now
+        for owner in _early:
+            if owner != sandbox and os.path.isdir(owner):
+                pf.hint(owner)
+    _early.clear()
     try:
         yield
     finally:

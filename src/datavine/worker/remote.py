@@ -20,6 +20,7 @@ import importlib
 import os
 import signal
 import socket
+import threading
 import time
 import traceback
 from collections import defaultdict
@@ -191,6 +192,9 @@ def execute_payload(payload: bytes, cwd: str | None = None) -> BundleResult:
 
 
 _CHILD: CappedChild | None = None  # the library's capped child, made on the first capped bundle
+_CHILD_LOCK = threading.Lock()  # _CHILD made, against hints arriving (call_queued's thread)
+EARLY_HINTS = 8
+_EARLY_HINTS: list[str] = []  # sandboxes of calls queued before _CHILD was made
 _PRELOADED: set[str] = set()  # tried once each, imported or not
 
 
@@ -199,7 +203,12 @@ def _capped_child() -> CappedChild:
     if _CHILD is None:
         from datavine.worker.capped_child import CappedChild
 
-        _CHILD = CappedChild(hint_handler=prefetch.on_hint)
+        child = CappedChild(hint_handler=prefetch.on_hint)
+        with _CHILD_LOCK:
+            for sandbox in _EARLY_HINTS:  # waits for the child the first call starts
+                child.hint(sandbox.encode())
+            _EARLY_HINTS.clear()
+            _CHILD = child
     return _CHILD
 
 
@@ -207,9 +216,15 @@ def call_queued(function_id: int, function_name: str, sandbox: str) -> None:
     """poncho's ``vine_call_queued`` hook (patch 0018), on a thread of the library: a call
     arrived in its pipe. A bundle's sandbox goes to the capped child, which reads ahead for
     it (:mod:`datavine.worker.prefetch`; an uncapped bundle runs here and is not)."""
-    child = _CHILD
-    if function_name == "run_bundle" and child is not None:
-        child.hint(sandbox.encode())
+    if function_name != "run_bundle":
+        return
+    with _CHILD_LOCK:
+        child = _CHILD
+        if child is None:  # the library's first calls arrive together, before its child
+            if len(_EARLY_HINTS) < EARLY_HINTS:
+                _EARLY_HINTS.append(sandbox)
+            return
+    child.hint(sandbox.encode())
 
 
 def _stamp(result: BundleResult, started: float) -> BundleResult:
