@@ -188,6 +188,38 @@ def test_a_late_call_is_copied_and_the_copy_cancelled_when_the_first_comes_first
     assert any("backup copy" in n and "cancelled" in n for n in notes), notes
 
 
+def test_a_call_stopped_while_it_ran_is_reported_with_a_bound_on_what_it_read() -> None:
+    """The worker drops a cancelled call with its process: what it read is in no result.
+    The summary says how many such calls there were and bounds their bytes by the winner's
+    (they read the same chunks); a copy cancelled while it only waited read nothing."""
+    for first_wins in (True, False):
+        pool = two_workers({"x": (plus, 1, 2)}, ["x"])
+        pool.state.learned.costs.observe("x", 1, 0.1)
+        (first,) = of(Submit, pool.tick())
+        placed(pool, {first.call: "w1"})
+        (copy,) = of(Submit, pool.tick(0.5))  # late: a copy on the idle w2, running there
+        winner, worker = (first.call, "w1") if first_wins else (copy.call, "w2")
+        read = {"lfn": "/store/x.root", "server": "xcache-b:1094", "bytes": 3_000_000}
+        result = replace(pool.result(winner, worker), reads=[read, {
+            "lfn": "/store/x.root", "server": "memory", "bytes": 0, "cached": 5_000}])
+        pool.finish(winner, worker, result)
+        backups = pool.state.summary.backups
+        assert (backups.unmeasured, backups.unmeasured_bytes) == (1, 3_000_000)
+        line = "\n".join(pool.state.summary.lines())
+        assert "1 stopped while they ran, their reads not counted above (up to 2.9 MB)" in line
+        assert pool.state.summary.reads.far_bytes + pool.state.summary.reads.near_bytes \
+            == 3_000_000  # the winner's own reads, counted once
+
+    pool = two_workers({("t", i): (plus, i, 10) for i in range(3)},
+                       [("t", i) for i in range(3)])
+    c1, c2, c3 = (s.call for s in of(Submit, pool.tick()))
+    placed(pool, {c1: "w1", c2: "w1", c3: "w2"})  # c2 waits behind c1
+    pool.finish(c3, "w2")
+    (copy,) = of(Submit, pool.tick())
+    pool.finish(copy.call, "w2")  # the copy wins; c2, cancelled, never ran
+    assert pool.state.summary.backups.unmeasured == 0
+
+
 def reads(path: str) -> int:
     return len(path)
 

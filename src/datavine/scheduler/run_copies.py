@@ -35,6 +35,7 @@ class BackupCopies(RunParts):
     the state is :class:`~datavine.scheduler.run_state.RunState`'s."""
 
     copy_of: dict[int, int]  # call -> its copy
+    _unmeasured: dict[int, int]  # bundle -> its calls stopped while they ran, not bounded yet
     lanes: Lanes
     _out: list[Instruction]
 
@@ -178,14 +179,32 @@ class BackupCopies(RunParts):
                 self.kept.failed(entry.plan)
         return entry
 
+    def _stopped_running(self, bundle: Bundle) -> None:
+        """A call of ``bundle`` is stopped while it runs: what it read is reported by no
+        result. Counted now; bounded by its winner's reads (:meth:`_unmeasured_reads`)."""
+        self.summary.backups.unmeasured += 1
+        self._unmeasured[bundle.id] = self._unmeasured.get(bundle.id, 0) + 1
+
+    def _unmeasured_reads(self, bundle: Bundle, result: BundleResult) -> None:
+        """``result`` wins for ``bundle``: each of its calls stopped while running read at
+        most what it read (the same chunks)."""
+        stopped = self._unmeasured.pop(bundle.id, 0)
+        if stopped:
+            read = sum(int(r.get("bytes", 0)) for r in result.reads
+                       if r.get("server") != "memory")
+            self.summary.backups.unmeasured_bytes += stopped * read
+
     def _cancel_copy(self, call: int, why: str) -> None:
         """``call`` ended: its backup copy, if any, is cancelled (stopped where it runs)."""
         copy = self.copy_of.get(call)
         if copy is None:
             return
         self._out.append(Withdraw(copy, running=True))  # before its temps are dropped
+        running = copy in self.lanes.began
         entry = self._forget_copy(copy)
         self.summary.backups.cancelled += 1
+        if running and entry is not None:
+            self._stopped_running(entry.bundle)
         if entry is not None:
             self.life.note(entry.bundle.keys, self.now,
                            f"bundle {entry.bundle.id}: its backup copy (call {copy}) was "
@@ -209,6 +228,8 @@ class BackupCopies(RunParts):
                            f"failed ({why}); its call {call} goes on")
             return
         self._out.append(Withdraw(call, running=True))  # before its temps are dropped
+        if call in self.lanes.began:
+            self._stopped_running(entry.bundle)
         first = self._forget(call)  # its temps will never be made: the copy's are
         assert first is not None and result is not None
         self.summary.backups.won += 1

@@ -137,6 +137,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
         # call), and which call each copies; every call's place in its worker's lane
         self.backups: dict[int, Inflight] = {}
         self.copy_of: dict[int, int] = {}  # call -> its copy
+        self._unmeasured: dict[int, int] = {}  # bundle -> calls stopped running (run_copies)
         self.copied_from: dict[int, int] = {}  # copy -> the call it copies
         self.lanes = Lanes(self._cores_of)
         self._speculated_at = float("-inf")
@@ -527,6 +528,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
     def _accept(self, entry: Inflight, result: BundleResult, addrport: str | None,
                 where: str, how: str = "") -> None:
         bundle, graph = entry.bundle, self.graph
+        self._unmeasured_reads(bundle, result)
         for key, blob in result.values.items():
             self.values[key] = cloudpickle.loads(blob)
         sizes = {**{k: len(b) for k, b in result.values.items()}, **result.stored}

@@ -73,7 +73,11 @@ class Backups:
     waited behind another, of late ones, of calls on a slow worker that an idle one would
     outrun, and of calls sent through a shard found slow since), copies whose result came
     first, copies cancelled because the first copy came first (or failed), copies that
-    failed."""
+    failed. ``unmeasured``: calls stopped while they ran (a copy, or a first copy whose copy
+    came first), whose reads no result reports (the worker drops a cancelled call's
+    sandbox, and its process with it): the bytes they read are in no figure of the run's
+    reads; ``unmeasured_bytes`` bounds them: what the winning copy of each read (a stopped
+    call read part of the same chunks, or all of them)."""
 
     started: int = 0
     queued: int = 0
@@ -83,6 +87,8 @@ class Backups:
     won: int = 0
     cancelled: int = 0
     failed: int = 0
+    unmeasured: int = 0
+    unmeasured_bytes: int = 0
 
 
 @dataclass
@@ -281,7 +287,10 @@ class RunSummary:
             out.append(f"  backups: {b.started} copies ({b.queued} of waiting calls, {b.late} "
                        f"of late ones, {b.outrun} of calls on a slower worker, "
                        f"{b.slow_shard} of calls through a slow shard): {b.won} came "
-                       f"first, {b.cancelled} cancelled, {b.failed} failed")
+                       f"first, {b.cancelled} cancelled, {b.failed} failed"
+                       + (f"; {b.unmeasured} stopped while they ran, their reads not "
+                          f"counted above (up to {b.unmeasured_bytes / 2**20:,.1f} MB)"
+                          if b.unmeasured else ""))
         if self.lost_workers:
             out.append(f"  lost workers: {', '.join(self.lost_workers[:8])}"
                        + (f" ({len(self.lost_workers)} in all)" if len(self.lost_workers) > 8
