@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import operator
 import random
+from dataclasses import replace
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datavine.scheduler import graph
 from datavine.scheduler.bundling import HELD_TOGETHER, CostModel, Planner, bundle_size
+from datavine.scheduler.run_messages import Submit
+from tests.test_run_state import CFG, Pool, of
 
 
 def random_dag(n: int, seed: int, fan_in: int = 3) -> dict:
@@ -182,7 +186,8 @@ def test_held_tasks_go_together_only_in_uncapped_runs() -> None:
         assert (state.planner._holder is not None) is grouped
 
 
-def merge_planner(merge_cost: float | None) -> tuple[graph.TaskGraph, Planner]:
+def merge_planner(merge_cost: float | None, light: Any = None,
+                  max_tasks: int = 64) -> tuple[graph.TaskGraph, Planner]:
     """Four file reads; a merge of the first two, ready (both done) and first in line."""
     dsk: dict = {f"read-{i}": (str, f"/data/f{i}.root") for i in range(4)}
     dsk["merge"] = (operator.add, "read-0", "read-1")
@@ -193,7 +198,8 @@ def merge_planner(merge_cost: float | None) -> tuple[graph.TaskGraph, Planner]:
         costs.observe(g.category("merge"), 1, merge_cost)
     priority = {"merge": 0, "read-0": 1, "read-1": 2, "read-2": 3, "read-3": 4, "total": 5}
     planner = Planner(g, files=lambda k: (f"/data/f{k[-1]}.root",) if k.startswith("read")
-                      else (), costs=costs, target_s=0.1, max_tasks=64, priority=priority)
+                      else (), costs=costs, target_s=0.1, max_tasks=max_tasks,
+                      priority=priority, light=light)
     for b in planner.next_bundles(2):
         assert b.keys == [f"read-{b.files[0][-6]}"]
         planner.complete(b)
@@ -221,3 +227,46 @@ def test_a_costly_merge_goes_alone() -> None:
     assert b.keys == ["merge"]
     assert b.files == ()
     assert [x.keys for x in planner.next_bundles(2)] == [["read-2"], ["read-3"]]
+
+
+def test_a_merge_of_large_inputs_goes_alone() -> None:
+    """A file task's call runs under its memory cap: a merge whose inputs stayed on
+    workers (large values) is not carried in it."""
+    for light, carried in ((lambda key: True, True), (lambda key: False, False)):
+        _, planner = merge_planner(None, light)
+        (b,) = planner.next_bundles(1)
+        assert (set(b.keys) == {"merge", "read-2"}) is carried
+
+
+def test_a_merge_is_carried_only_within_the_bundle_limit() -> None:
+    _, planner = merge_planner(None, max_tasks=1)
+    assert [b.keys for b in planner.next_bundles(3)] == [["merge"], ["read-2"], ["read-3"]]
+
+
+def payload(path: str, nbytes: int) -> bytes:
+    return path.encode().ljust(nbytes, b".")
+
+
+def sizes(parts: list) -> int:
+    return sum(len(p) for p in parts)
+
+
+def test_the_run_carries_a_merge_whose_inputs_came_back_and_not_one_whose_stayed() -> None:
+    """Small values come back to the manager: a merge of them is light, and rides in the
+    next read's call. Large ones stay on the workers that made them: a merge of those goes
+    alone (a file task's call runs under the file task's memory cap)."""
+    for nbytes, carried in ((100, True), (4 * CFG.inline_max_bytes, False)):
+        dsk: dict = {("read", i): (payload, f"/data/f{i}.root", nbytes) for i in range(6)}
+        dsk["merge"] = (operator.add, ("read", 0), ("read", 1))
+        dsk["total"] = (sizes, ["merge", *[("read", i) for i in range(2, 6)]])
+        pool = Pool(dsk, ["total"], replace(CFG, max_bundle_tasks=8), cores=2)
+        sent: list[list] = []
+        while not pool.state.finished:
+            for ins in of(Submit, pool.tick()):
+                sent.append(list(ins.keys))
+            for call in list(pool.out):
+                pool.finish(call)
+        assert pool.state.results() == {"total": 6 * nbytes}
+        assert sent[:2] in ([[("read", 1)], [("read", 0)]], [[("read", 0)], [("read", 1)]])
+        merged = next(keys for keys in sent if "merge" in keys)
+        assert (len(merged) == 2) is carried, sent  # with a read beside it, or alone

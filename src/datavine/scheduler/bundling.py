@@ -83,12 +83,16 @@ class Planner:
     def __init__(self, graph: TaskGraph, *, files: Callable[[Key], tuple[str, ...]],
                  costs: CostModel, target_s: float, max_tasks: int,
                  priority: Mapping[Key, int] | None = None,
-                 holder: Callable[[Key], str | None] | None = None) -> None:
+                 holder: Callable[[Key], str | None] | None = None,
+                 light: Callable[[Key], bool] | None = None) -> None:
         """``priority``: the order ready tasks are taken in (lower first; default dask's,
         ``graph.priority``; :func:`datavine.scheduler.longest_first.longest_first` gives
-        one where larger reads go first)."""
+        one where larger reads go first). ``light``: whether a task that reads no file
+        needs little memory (its inputs are small), so it may go in a file task's call
+        (:meth:`_carried`; None: every such task)."""
         self.graph = graph
         self._holder = holder
+        self._light = light
         self._priority = graph.priority if priority is None else priority
         self._files = files
         self.costs = costs
@@ -134,7 +138,8 @@ class Planner:
                 continue
             key = self._ready[0][1]
             key_files = self._files(key)
-            if members and (not self._carried(members) if key_files else len(members) >= size):
+            if members and (not self._carried(members) or len(members) >= self._max_tasks
+                            if key_files else len(members) >= size):
                 break  # a file-reading task starts its own bundle, unless it carries these
             heapq.heappop(self._ready)
             members.append(key)
@@ -169,7 +174,10 @@ class Planner:
         file: merges): when their measured cost is at most :data:`CARRIED_SHARE` of a
         bundle's target (unknown: yes). A merge sent alone takes a slot of a worker's queue,
         so the file task behind it is not there to be read ahead while the current call
-        computes; carried, it is, and the merge runs where it would have waited anyway."""
+        computes; carried, it is, and the merge runs where it would have waited anyway.
+        Only light merges (``light``): the call runs under the file task's memory cap."""
+        if self._light is not None and not all(self._light(key) for key in members):
+            return False
         cost = 0.0
         for key in members:
             estimate = self.costs.estimate(self.graph.category(key))

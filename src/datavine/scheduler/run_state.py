@@ -109,7 +109,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
         self.planner = Planner(graph, files=self.files_of, costs=learned.costs,
                                target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks,
                                priority=self._order(graph) if cfg.longest_first else None,
-                               holder=self._holder if learned.memory is None else None)
+                               holder=self._holder if learned.memory is None else None,
+                               light=self._light)
         self._pieces: dict[Key, tuple[str, ...]] = {}
         if learned.memory is not None:  # caps leave the column caches their room
             learned.memory.cache_share = cfg.column_cache_share if cfg.column_cache else 0.0
@@ -324,6 +325,11 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
         if pieces is None:
             pieces = self._pieces[key] = task_pieces(self.graph.nodes[key])
         return self.learned.topology.holder(pieces) if pieces else None
+
+    def _light(self, key: Key) -> bool:
+        """Whether ``key``'s inputs all came back to the manager (values small enough to be
+        sent inline): a merge of them needs little memory beside a file task's."""
+        return all(dep in self.values for dep in self.graph.dependencies[key])
 
     def _reader(self, bundle: Bundle) -> Key:
         """The bundle's first task that reads a file (its first task when none does): whose
