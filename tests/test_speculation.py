@@ -346,3 +346,49 @@ def test_by_default_a_waiting_call_is_copied_only_behind_a_late_one() -> None:
     # c1 is late now: c2 waits behind a straggler, and the one idle core takes its copy
     (copy,) = of(Submit, pool.tick(1.0))
     assert copy.keys == pool.out[c2].keys
+
+
+def test_calls_waiting_to_read_through_a_shard_found_slow_are_sent_again_around_it() -> None:
+    """Found slow, a shard is read around from the next call on; calls already sent through
+    it that wait in their worker's library behind another are withdrawn and sent again
+    (reading around it), not left to crawl through it; a call running there, or reading
+    through another shard, is left as it is."""
+    from datavine.io.shards import logical_name
+    from datavine.scheduler.run_messages import CallWithdrawn
+
+    shards = ShardMap.from_urls(["root://xc-a:1094", "root://xc-b:1094"])
+    slow_shard = shards.shards[0].name
+    urls = [f"root://redirector:1094//store/f{i}.root" for i in range(40)]
+    homes = {u: shards.shard_for(logical_name(u)).name for u in urls}
+    on_a = [u for u in urls if homes[u] == slow_shard][:3]
+    on_b = [u for u in urls if homes[u] != slow_shard][:1]
+    chosen = on_a + on_b
+    cfg = replace(SPEC, shardmap=shards, speculation=False, placement=None,
+                  max_bundle_tasks=1)
+    pool = two_workers({("r", i): (reads, u) for i, u in enumerate(chosen)},
+                       [("r", i) for i in range(len(chosen))], cfg)
+    sent = of(Submit, pool.tick())
+    assert len(sent) == 4
+    url_of = {s.call: chosen[s.spec.nodes[0][0][1]] for s in sent}
+    a_calls = [c for c, u in url_of.items() if homes[u] == slow_shard]
+    (b_call,) = [c for c, u in url_of.items() if homes[u] != slow_shard]
+    # w1 runs an xcache-a call with another waiting behind it; w2 runs an xcache-a call
+    # with the xcache-b call waiting behind it
+    placed(pool, {a_calls[0]: "w1", a_calls[1]: "w1", a_calls[2]: "w2", b_call: "w2"})
+    pace = pool.state.learned.shard_pace
+    for _ in range(2):  # clocked reads: xcache-a at a tenth of xcache-b's rate
+        pace.observe_read(slow_shard, 1.0, 4_000_000)
+        pace.observe_read(shards.shards[1].name, 0.1, 4_000_000)
+    out = pool.tick(0.3)
+    assert of(Withdraw, out) == [Withdraw(a_calls[1], running=True)]
+    (said,) = pool.state.summary.reads.slow_shards
+    assert "1 calls waiting to read through it sent again" in said, said
+    pool.out.pop(a_calls[1])
+    again = of(Submit, pool.step(CallWithdrawn(a_calls[1])) + pool.tick())
+    assert len(again) == 1 and slow_shard in again[0].spec.avoid
+    assert again[0].keys == sent[[s.call for s in sent].index(a_calls[1])].keys
+    for call in list(pool.out):
+        pool.finish(call, "w1")
+    assert pool.state.finished
+    assert pool.state.results() == {("r", i): len(u) for i, u in enumerate(chosen)}
+    assert pool.state.summary.tasks == 4  # each counted once

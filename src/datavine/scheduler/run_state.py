@@ -370,8 +370,26 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
         for slow in pace.judge(running, skip=health.failed(now)):
             health.read_around(slow.shard, now + pace.hold_s)
             pace.forget(slow.shard)
-            self.summary.reads.slow_shards.append(f"at {now - self.start:.1f} s: "
-                                                  f"{slow.describe()} for {pace.hold_s:.0f} s")
+            resent = self._resend_waiting(slow.shard)
+            self.summary.reads.slow_shards.append(
+                f"at {now - self.start:.1f} s: {slow.describe()} for {pace.hold_s:.0f} s"
+                + (f"; {resent} calls waiting to read through it sent again" if resent else ""))
+
+    def _resend_waiting(self, shard: str) -> int:
+        """The calls sent to read through ``shard`` (just found slow) that wait in their
+        worker's library behind another are withdrawn, their tasks planned again: they go
+        where the shard's files are read now, around it. A call the manager's view has
+        waiting may have started (the view lags by a result): withdrawn, it is stopped, and
+        what it read through the slow shard is read again around it. Calls running there get
+        backup copies as cores idle (``backups.slow_shard``). Returns how many."""
+        waiting = [call for call, entry in self.inflight.items()
+                   if entry.shard == shard and entry.again is None
+                   and call not in self.copy_of and self.lanes.queued(call)]
+        for call in waiting:
+            self._withdraw(call, Again(Reason.REQUEUED, f"it waited to read through shard "
+                                                        f"{shard}, found slow", retry=False),
+                           running=True)
+        return len(waiting)
 
     def _note_pace(self, category: str, shard: str | None, result: BundleResult) -> None:
         """What a finished call says of the shards' pace: each clocked read of a shard its
