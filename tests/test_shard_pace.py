@@ -97,6 +97,31 @@ def test_calls_still_running_on_a_shard_count_once_past_the_bar() -> None:
     assert pace.judge(running=[("chunk", "a", 2.0), ("chunk", "a", 2.5)], skip=["a"]) == []
 
 
+def test_calls_stuck_on_a_shard_on_several_workers_give_it_away_before_a_read_ends() -> None:
+    """Reads are clocked when they end: until the first ones through a slow shard do, its
+    calls just run on. Two running far past the others' bundles, on two workers, find it."""
+    pace = ShardPace()
+    for seconds in (0.8, 0.2, 0.18, 0.2):  # the other shard's bundles, a cold one first
+        pace.observe_wall("chunk", "b", seconds)
+    # bar: max(5 x 0.2, 0.2 + 1.0) = 1.2 s
+    assert pace.judge(stuck=[("chunk", "a", 1.1, "w1"), ("chunk", "a", 1.1, "w2")]) == []
+    assert pace.judge(stuck=[("chunk", "a", 2.0, "w1"), ("chunk", "a", 2.0, "w1")]) == [], \
+        "one slow worker is no slow shard"
+    assert pace.judge(stuck=[("other", "a", 2.0, "w1"), ("other", "a", 2.0, "w2")]) == []
+    (slow,) = pace.judge(stuck=[("chunk", "a", 1.5, "w1"), ("chunk", "a", 1.7, "w2"),
+                                ("chunk", "b", 0.1, "w3")])
+    assert slow.shard == "a" and slow.running and 7 < slow.ratio < 9
+    assert "calls running 1.60 s through it, against 0.20 s" in slow.describe()
+    assert pace.judge(stuck=[("chunk", "a", 2.0, "w1"), ("chunk", "a", 2.0, "w2")],
+                      skip=["a"]) == []
+    few = ShardPace()
+    for seconds in (0.2, 0.2):
+        few.observe_wall("chunk", "b", seconds)
+    assert few.judge(stuck=[("chunk", "a", 5.0, "w1"), ("chunk", "a", 5.0, "w2")]) == []
+    pace.forget("b")  # read around, then back: its old times judge nothing
+    assert pace.judge(stuck=[("chunk", "a", 2.0, "w1"), ("chunk", "a", 2.0, "w2")]) == []
+
+
 def test_a_slow_shard_is_skipped_for_a_while_without_a_failure_counted() -> None:
     health = ShardHealth()
     health.read_around("a", until=60.0)

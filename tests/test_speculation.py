@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -348,11 +349,14 @@ def test_by_default_a_waiting_call_is_copied_only_behind_a_late_one() -> None:
     assert copy.keys == pool.out[c2].keys
 
 
-def test_calls_waiting_to_read_through_a_shard_found_slow_are_sent_again_around_it() -> None:
-    """Found slow, a shard is read around from the next call on; calls already sent through
-    it that wait in their worker's library behind another are withdrawn and sent again
-    (reading around it), not left to crawl through it; a call running there, or reading
-    through another shard, is left as it is."""
+@pytest.mark.parametrize("evidence", ["reads", "stuck"])
+def test_calls_waiting_to_read_through_a_shard_found_slow_are_sent_again_around_it(
+        evidence: str) -> None:
+    """Found slow (by its clocked reads, or by its calls running on two workers far past
+    the other shard's bundles), a shard is read around from the next call on; calls already
+    sent through it that wait in their worker's library behind another are withdrawn and
+    sent again (reading around it), not left to crawl through it; a call running there, or
+    reading through another shard, is left as it is."""
     from datavine.io.shards import logical_name
     from datavine.scheduler.run_messages import CallWithdrawn
 
@@ -376,12 +380,20 @@ def test_calls_waiting_to_read_through_a_shard_found_slow_are_sent_again_around_
     # with the xcache-b call waiting behind it
     placed(pool, {a_calls[0]: "w1", a_calls[1]: "w1", a_calls[2]: "w2", b_call: "w2"})
     pace = pool.state.learned.shard_pace
-    for _ in range(2):  # clocked reads: xcache-a at a tenth of xcache-b's rate
-        pace.observe_read(slow_shard, 1.0, 4_000_000)
-        pace.observe_read(shards.shards[1].name, 0.1, 4_000_000)
-    out = pool.tick(0.3)
+    if evidence == "reads":
+        for _ in range(2):  # clocked reads: xcache-a at a tenth of xcache-b's rate
+            pace.observe_read(slow_shard, 1.0, 4_000_000)
+            pace.observe_read(shards.shards[1].name, 0.1, 4_000_000)
+        out = pool.tick(0.3)
+    else:  # xcache-b's bundles took 0.2 s; xcache-a's calls run on w1 and w2
+        for _ in range(3):
+            pace.observe_wall(pool.state.inflight[b_call].category, shards.shards[1].name,
+                              0.2)
+        assert of(Withdraw, pool.tick(0.3)) == []  # 0.3 s: not past the bar (1.2 s)
+        out = pool.tick(1.2)
     assert of(Withdraw, out) == [Withdraw(a_calls[1], running=True)]
     (said,) = pool.state.summary.reads.slow_shards
+    assert ("calls running" in said) == (evidence == "stuck"), said
     assert "1 calls waiting to read through it sent again" in said, said
     pool.out.pop(a_calls[1])
     again = of(Submit, pool.step(CallWithdrawn(a_calls[1])) + pool.tick())

@@ -367,7 +367,11 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
         pace, health = self.learned.shard_pace, self.learned.shard_health
         running = [(e.category, e.shard, now - self.lanes.began.get(call, e.sent))
                    for call, e in self.inflight.items() if e.shard is not None]
-        for slow in pace.judge(running, skip=health.failed(now)):
+        began, on = self.lanes.began, self.lanes.on
+        stuck = [(e.category, e.shard, now - began[call], on[call])
+                 for call, e in self.inflight.items()
+                 if e.shard is not None and call in began and call in on]
+        for slow in pace.judge(running, skip=health.failed(now), stuck=stuck):
             health.read_around(slow.shard, now + pace.hold_s)
             pace.forget(slow.shard)
             resent = self._resend_waiting(slow.shard)
@@ -403,8 +407,11 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
             if seconds > 0 and r["server"] in names:
                 pace.observe_read(r["server"], seconds, r["bytes"] - r.get("prefetched", 0))
                 clocked = True
-        if not clocked and shard is not None and {r["server"] for r in result.reads} == {shard}:
-            pace.observe(category, shard, result.wall_s)
+        if shard is not None and {r["server"] for r in result.reads
+                                  if r["server"] != "memory"} == {shard}:
+            pace.observe_wall(category, shard, result.wall_s)
+            if not clocked:
+                pace.observe(category, shard, result.wall_s)
 
     def _submit(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory

@@ -22,6 +22,12 @@ each other, two ways:
   least. A call still running through a shard counts once it has run longer than that: the
   slow shard's calls end last, and waiting for them would notice it only at the run's end.
 
+A read is clocked only when it ends: the first reads through a slow shard end late, and
+until then its calls just run on. So a third way looks at those: calls running through a
+shard ``stuck_factor`` times the run time of the same category's bundles through the other
+shards, and ``min_stuck_excess_s`` more, on ``min_stuck_workers`` workers or more at once
+(one slow worker is not a slow shard; its calls get backup copies).
+
 A cold cache against a warm one, or reads of milliseconds, are no straggler (the excess
 bounds). A shard found slow is read around for ``hold_s`` seconds (the caller marks it in
 :class:`datavine.io.shards.ShardHealth`, so placement and the workers' reads go to the next
@@ -52,9 +58,13 @@ class SlowShard:
     ratio: float
     median_s: float
     others_s: float
+    running: bool = False  # judged on calls still running through it
 
     def describe(self) -> str:
-        if self.category == READS:
+        if self.running:
+            what = (f"for {self.category!r} (calls running {self.median_s:.2f} s through it, "
+                    f"against {self.others_s:.2f} s a bundle through the others)")
+        elif self.category == READS:
             measure = (f"reads at {1 / self.median_s:.1f} MB/s against "
                        f"{1 / self.others_s:.1f} MB/s"
                        if self.median_s > 0 and self.others_s > 0 else "reads")
@@ -76,16 +86,29 @@ class ShardPace:
     min_read_excess_s: float = 0.25
     min_read_bytes: int = 256 * 1024
     min_read_samples: int = 2  # a rate is steadier than a bundle's time: 2 reads each side
+    stuck_factor: float = 5.0
+    min_stuck_excess_s: float = 1.0
+    min_stuck_workers: int = 2
     hold_s: float = 60.0
     keep: int = 32  # the most recent bundle times (reads) kept per category and shard
     _times: dict[str, dict[str, deque[float]]] = field(
         default_factory=lambda: defaultdict(dict), init=False, repr=False)
     _reads: dict[str, deque[tuple[float, int]]] = field(default_factory=dict, init=False,
                                                          repr=False)
+    _walls: dict[str, dict[str, deque[float]]] = field(
+        default_factory=lambda: defaultdict(dict), init=False, repr=False)
 
     def observe(self, category: str, shard: str, seconds: float) -> None:
         """A bundle of ``category`` that read only through ``shard`` took ``seconds``."""
         by_shard = self._times[category]
+        if shard not in by_shard:
+            by_shard[shard] = deque(maxlen=self.keep)
+        by_shard[shard].append(seconds)
+
+    def observe_wall(self, category: str, shard: str, seconds: float) -> None:
+        """A bundle of ``category`` that read only through ``shard`` took ``seconds``,
+        clocked reads or not: what calls still running elsewhere are compared with."""
+        by_shard = self._walls[category]
         if shard not in by_shard:
             by_shard[shard] = deque(maxlen=self.keep)
         by_shard[shard].append(seconds)
@@ -100,14 +123,45 @@ class ShardPace:
         self._reads[shard].append((seconds, nbytes))
 
     def judge(self, running: Iterable[tuple[str, str, float]] = (),
-              skip: Iterable[str] = ()) -> list[SlowShard]:
+              skip: Iterable[str] = (),
+              stuck: Iterable[tuple[str, str, float, str]] = ()) -> list[SlowShard]:
         """The shards slow now, given the calls still ``running`` as (category, shard,
-        seconds so far); shards in ``skip`` (already read around) are not judged."""
+        seconds so far) and, of those, the ones known to run on a worker as (category,
+        shard, seconds running, worker) in ``stuck``; shards in ``skip`` (already read
+        around) are not judged."""
         skipped = set(skip)
         found = self._judge_reads(skipped)
         for shard, slow in self._judge_bundles(running, skipped).items():
             found.setdefault(shard, slow)
+        for shard, slow in self._judge_stuck(stuck, skipped).items():
+            found.setdefault(shard, slow)
         return [found[s] for s in sorted(found)]
+
+    def _judge_stuck(self, stuck: Iterable[tuple[str, str, float, str]],
+                     skipped: set[str]) -> dict[str, SlowShard]:
+        """The shards whose calls run far past the same category's bundles through the
+        other shards, on several workers at once."""
+        by_call: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
+        for category, shard, elapsed, worker in stuck:
+            if shard not in skipped:
+                by_call[category, shard].append((elapsed, worker))
+        found: dict[str, SlowShard] = {}
+        for (category, shard), calls in sorted(by_call.items()):
+            others = [t for s, ts in self._walls.get(category, {}).items() if s != shard
+                      for t in ts]
+            if len(others) < self.min_samples:
+                continue
+            others_s = statistics.median(others)
+            bar = max(self.stuck_factor * others_s, others_s + self.min_stuck_excess_s)
+            late = [elapsed for elapsed, _ in calls if elapsed > bar]
+            if others_s <= 0 or len({w for e, w in calls if e > bar}) < self.min_stuck_workers:
+                continue
+            median_s = statistics.median(late)
+            slow = SlowShard(shard, category, median_s / others_s, median_s, others_s,
+                             running=True)
+            if shard not in found or slow.ratio > found[shard].ratio:
+                found[shard] = slow
+        return found
 
     def _judge_reads(self, skipped: set[str]) -> dict[str, SlowShard]:
         """The shards whose clocked reads are slow against the others' (seconds per MB)."""
@@ -156,6 +210,6 @@ class ShardPace:
 
     def forget(self, shard: str) -> None:
         """``shard`` is read around: its old times would judge it again when it comes back."""
-        for by_shard in self._times.values():
+        for by_shard in (*self._times.values(), *self._walls.values()):
             by_shard.pop(shard, None)
         self._reads.pop(shard, None)
