@@ -124,13 +124,17 @@ def test_the_boards_figures_by_prometheus_conventions() -> None:
 def test_counters_add_up_over_runs_and_take_the_summarys_retries() -> None:
     records = scripted_records()
     board = Board().apply_all([*records, {"t": 2000.0, "k": "end", "run": 1,
-                                          "summary": {"retries": 4}},
+                                          "summary": {"retries": 4, "unmeasured_calls": 2,
+                                                      "unmeasured_bytes": 7_000_000}},
                                *[r for r in records if r["k"] not in ("hello", "procs")]])
     found = samples(exposition(board)[0].decode())
     assert total(found, "datavine_runs_total") == 2
     assert total(found, "datavine_tasks_total") == 4
     assert total(found, "datavine_retries_total") == 4 + 3  # the summary's, once ended
     assert total(found, "datavine_read_bytes_total") == 2 * 5_000_000
+    # calls stopped while they ran: in no byte total, counted apart when their run ends
+    assert total(found, "datavine_unmeasured_calls_total") == 2
+    assert total(found, "datavine_unmeasured_read_bytes_total") == 7_000_000
 
 
 def test_the_token_is_a_bearer_token_compared_whole() -> None:
@@ -358,6 +362,8 @@ def test_scrapes_during_a_run_and_after_two_equal_the_summaries(
         s.reads.failovers for s in both)
     assert total(found, "datavine_retries_total") == sum(s.retries for s in both)
     assert total(found, "datavine_backup_copies_total") == sum(s.backups.started for s in both)
+    assert total(found, "datavine_unmeasured_calls_total") == sum(
+        s.backups.unmeasured for s in both)
     assert total(found, "datavine_workers", state="idle") == 2
     assert total(found, "datavine_manager_cpu_seconds_total") > 0
     check_with_promtool(text)

@@ -302,7 +302,9 @@ def end_record(run: int, summary: RunSummary) -> EndRecord:
         "failures": list(summary.failures[:50]), "n_failures": len(summary.failures),
         "lost_workers": list(summary.lost_workers), "timeouts": summary.timeouts,
         "placement": dict(summary.placement),
-        "network": [dict(n) for n in summary.network]}}
+        "network": [dict(n) for n in summary.network],
+        "unmeasured_calls": summary.backups.unmeasured,
+        "unmeasured_bytes": summary.backups.unmeasured_bytes}}
 
 
 def file_tasks(nodes: Iterable[Hashable],

@@ -26,6 +26,9 @@ Names follow Prometheus' conventions: a ``datavine_`` prefix, counters ending in
   served (``memory``) and decoded from files (``file``);
 - ``datavine_read_failovers_total``, ``datavine_retries_total``,
   ``datavine_workers_lost_total``, ``datavine_backup_copies_total``;
+- ``datavine_unmeasured_calls_total``, ``datavine_unmeasured_read_bytes_total``: calls
+  stopped while they ran, whose reads no result reports, and a bound on those reads (the run
+  summary's ``backups.unmeasured``, counted when each run ends);
 - ``datavine_manager_cpu_seconds_total``: the manager process's CPU (user + system), when
   the listener can read it.
 
@@ -147,6 +150,14 @@ def families(board: Board, manager_cpu_s: float | None = None) -> list[Metric]:
                         board.workers_lost))
     out.append(_counter("datavine_backup_copies", "Backup copies of late calls sent.",
                         sum(r.copies_sent for r in runs)))
+    ended = [r.end for r in runs if r.end]
+    out.append(_counter("datavine_unmeasured_calls", "Calls stopped while they ran (a backup "
+                        "copy, or the first copy it outran): no result reports their reads, "
+                        "so they are in no byte total.",
+                        sum(e.get("unmeasured_calls", 0) for e in ended)))
+    out.append(_counter("datavine_unmeasured_read_bytes", "What those calls read, at most "
+                        "(each bounded by the bytes its winner read).",
+                        sum(e.get("unmeasured_bytes", 0) for e in ended)))
     if manager_cpu_s is not None:
         out.append(_counter("datavine_manager_cpu_seconds", "CPU time of the manager's process "
                             "(user and system), in seconds.", manager_cpu_s))

@@ -141,6 +141,8 @@ class EndSummary(TypedDict, total=False):
     timeouts: int
     placement: dict[str, int]
     network: list[dict[str, object]]
+    unmeasured_calls: int  # calls stopped while they ran: their reads in no byte total
+    unmeasured_bytes: int  # what those read, at most (their winners' bytes)
 
 
 class EndRecord(TypedDict):
