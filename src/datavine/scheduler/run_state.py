@@ -397,7 +397,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
 
     def _note_pace(self, category: str, shard: str | None, result: BundleResult) -> None:
         """What a finished call says of the shards' pace: each clocked read of a shard its
-        rate; a call whose reads were not clocked, all through one shard, its run time."""
+        rate; a call that read through one shard only, its run time (what calls still
+        running are compared with; and, where its reads were not clocked, its evidence)."""
         shardmap = self.cfg.shardmap
         if shardmap is None:
             return
@@ -407,11 +408,12 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
             if seconds > 0 and r["server"] in names:
                 pace.observe_read(r["server"], seconds, r["bytes"] - r.get("prefetched", 0))
                 clocked = True
-        if shard is not None and {r["server"] for r in result.reads
-                                  if r["server"] != "memory"} == {shard}:
+        if shard is None:
+            return
+        if {r["server"] for r in result.reads if r["server"] != "memory"} == {shard}:
             pace.observe_wall(category, shard, result.wall_s)
-            if not clocked:
-                pace.observe(category, shard, result.wall_s)
+        if not clocked and {r["server"] for r in result.reads} == {shard}:
+            pace.observe(category, shard, result.wall_s)
 
     def _submit(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory
