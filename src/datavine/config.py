@@ -178,9 +178,11 @@ class RunConfig:
             stalled 60 s after such a cancel; see benchmarks/README.md, stragglers).
         read_around_slow_shards: an XCache shard whose reads, as the workers clock them,
             take 3x the other shards' seconds per byte (or whose bundles take 3x, where
-            reads are not clocked: :mod:`datavine.scheduler.shard_pace`) is read around for
-            a while: its files' next calls read through the next shard in line, which
-            caches them too. Judged on time, so a cold cache against warm ones can look
+            reads are not clocked; or whose calls run 5x the other shards' bundles on two
+            workers at once: :mod:`datavine.scheduler.shard_pace`) is read around for a
+            while: its files' next calls read through the next shard in line, which caches
+            them too, and calls waiting in a worker's library to read through it are sent
+            again around it. Judged on time, so a cold cache against warm ones can look
             slow; ``False`` keeps every file on its own shard (a failed shard is still read
             around). The summary's ``reads.slow_shards`` says when and why.
         column_cache: workers keep the columns they decoded (:mod:`datavine.io.column_cache`),
