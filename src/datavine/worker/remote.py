@@ -191,40 +191,31 @@ def execute_payload(payload: bytes, cwd: str | None = None) -> BundleResult:
         return execute_bundle(spec)
 
 
-_CHILD: CappedChild | None = None  # the library's capped child, made on the first capped bundle
-_CHILD_LOCK = threading.Lock()  # _CHILD made, against hints arriving (call_queued's thread)
-EARLY_HINTS = 8
-_EARLY_HINTS: list[str] = []  # sandboxes of calls queued before _CHILD was made
+# the library's capped child: made by its first call or the first hint (call_queued's thread),
+# its process forked by the first capped bundle
+_CHILD: CappedChild | None = None
+_CHILD_LOCK = threading.Lock()
 _PRELOADED: set[str] = set()  # tried once each, imported or not
 
 
 def _capped_child() -> CappedChild:
     global _CHILD
-    if _CHILD is None:
-        from datavine.worker.capped_child import CappedChild
+    with _CHILD_LOCK:
+        if _CHILD is None:
+            from datavine.worker.capped_child import CappedChild
 
-        child = CappedChild(hint_handler=prefetch.on_hint)
-        with _CHILD_LOCK:
-            for sandbox in _EARLY_HINTS:  # waits for the child the first call starts
-                child.hint(sandbox.encode())
-            _EARLY_HINTS.clear()
-            _CHILD = child
-    return _CHILD
+            _CHILD = CappedChild(hint_handler=prefetch.on_hint)
+        return _CHILD
 
 
 def call_queued(function_id: int, function_name: str, sandbox: str) -> None:
     """poncho's ``vine_call_queued`` hook (patch 0018), on a thread of the library: a call
     arrived in its pipe. A bundle's sandbox goes to the capped child, which reads ahead for
-    it (:mod:`datavine.worker.prefetch`; an uncapped bundle runs here and is not)."""
-    if function_name != "run_bundle":
-        return
-    with _CHILD_LOCK:
-        child = _CHILD
-        if child is None:  # the library's first calls arrive together, before its child
-            if len(_EARLY_HINTS) < EARLY_HINTS:
-                _EARLY_HINTS.append(sandbox)
-            return
-    child.hint(sandbox.encode())
+    it (:mod:`datavine.worker.prefetch`; an uncapped bundle runs here and is not). The
+    library's first calls arrive together, before a child process exists: the capped child
+    keeps their hints for the process the first call starts."""
+    if function_name == "run_bundle":
+        _capped_child().hint(sandbox.encode())
 
 
 def _stamp(result: BundleResult, started: float) -> BundleResult:
