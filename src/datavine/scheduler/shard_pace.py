@@ -100,15 +100,16 @@ class ShardPace:
 
     def observe(self, category: str, shard: str, seconds: float) -> None:
         """A bundle of ``category`` that read only through ``shard`` took ``seconds``."""
-        by_shard = self._times[category]
-        if shard not in by_shard:
-            by_shard[shard] = deque(maxlen=self.keep)
-        by_shard[shard].append(seconds)
+        self._keep(self._times, category, shard, seconds)
 
     def observe_wall(self, category: str, shard: str, seconds: float) -> None:
         """A bundle of ``category`` that read only through ``shard`` took ``seconds``,
         clocked reads or not: what calls still running elsewhere are compared with."""
-        by_shard = self._walls[category]
+        self._keep(self._walls, category, shard, seconds)
+
+    def _keep(self, store: dict[str, dict[str, deque[float]]], category: str, shard: str,
+              seconds: float) -> None:
+        by_shard = store[category]
         if shard not in by_shard:
             by_shard[shard] = deque(maxlen=self.keep)
         by_shard[shard].append(seconds)
