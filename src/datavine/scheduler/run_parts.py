@@ -2,8 +2,9 @@
 reads, and the methods of RunState and BackupCopies that more than one part calls, declared
 once. :class:`datavine.scheduler.run_state.RunState` holds it; its parts
 (:mod:`datavine.scheduler.run_copies`, :mod:`datavine.scheduler.run_failures`,
-:mod:`datavine.scheduler.run_pool`) declare here what they read of it, and each declares
-the rest it needs (and the other methods it calls) itself.
+:mod:`datavine.scheduler.run_pool`, :mod:`datavine.scheduler.run_shards`) declare here what
+they read of it, and each declares the rest it needs (and the other methods it calls)
+itself.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ The decisions are the pure modules': bundles from :mod:`datavine.scheduler.bundl
 :mod:`datavine.scheduler.dispatch`, backup copies from :mod:`datavine.scheduler.run_copies`
 (deciding with :mod:`datavine.scheduler.speculation`), failed calls' retries from
 :mod:`datavine.scheduler.run_failures`, what a look at the pool changes from
-:mod:`datavine.scheduler.run_pool`, caps from
+:mod:`datavine.scheduler.run_pool`, the shards' pace (slow shards read around) from
+:mod:`datavine.scheduler.run_shards` (judged by :mod:`datavine.scheduler.shard_pace`), caps from
 :mod:`datavine.scheduler.memory`, kept values from
 :mod:`datavine.scheduler.intermediates`. What a manager learns across runs (costs, memory peaks,
 workers and racks, shard health) is one
@@ -75,12 +76,12 @@ from datavine.scheduler.run_messages import (
     Withdraw,
 )
 from datavine.scheduler.run_pool import PoolWatch
+from datavine.scheduler.run_shards import PACE_EVERY_S, ShardWatch
 from datavine.scheduler.speculation import Lanes
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Target, counted_tier
 
 Key = Hashable
-PACE_EVERY_S = 0.25  # the shards' pace is judged at most this often (shard_pace.py)
 STORY_LINES = 20  # a failed run's error notes at most this many steps of its bundle's story
 
 
@@ -90,7 +91,7 @@ class _Failed(Exception):
 
 
 @dataclass
-class RunState(BackupCopies, FailedCalls, PoolWatch):
+class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
     """The state of one ``get`` call; nothing of it outlives the call but ``learned``."""
 
     graph: graphs.TaskGraph
@@ -339,81 +340,6 @@ class RunState(BackupCopies, FailedCalls, PoolWatch):
         if bundle.files and len(bundle.keys) > 1 and files_of is not None:
             return next((k for k in bundle.keys if files_of(k)), bundle.keys[0])
         return bundle.keys[0]
-
-    def _one_shard(self, bundle: Bundle) -> str | None:
-        """The one XCache shard a bundle's files are read through now (None: no shards,
-        several, or the origin)."""
-        if not bundle.files or self.cfg.shardmap is None:
-            return None
-        shards = {self.dispatch.shard_now(logical_name(f), self.now) for f in bundle.files}
-        shard = shards.pop() if len(shards) == 1 else None
-        return shard.name if shard is not None and not shard.is_origin else None
-
-    def _read_around(self, avoid: tuple[str, ...]) -> tuple[str, ...]:
-        """A call's shards to read around: its own (a backup copy's), and every shard the
-        manager reads around now for being slow (:meth:`_pace_shards`; a failed one, the
-        workers' reads find out by themselves and fail over)."""
-        if self.cfg.shardmap is None:
-            return avoid
-        slow = self.learned.shard_health.slow(self.now)
-        return tuple(sorted({*avoid, *slow})) if slow else avoid
-
-    def _pace_shards(self, now: float) -> None:
-        """Judge the shards' pace (:mod:`datavine.scheduler.shard_pace`): a shard whose
-        bundles take ``factor`` x the others' is read around for a while; the summary says
-        so. Placement (held bundles are decided again) and the next calls' reads go to the
-        next shard in line."""
-        self._paced_at = now
-        pace, health = self.learned.shard_pace, self.learned.shard_health
-        running = [(e.category, e.shard, now - self.lanes.began.get(call, e.sent))
-                   for call, e in self.inflight.items() if e.shard is not None]
-        began, on = self.lanes.began, self.lanes.on
-        stuck = [(e.category, e.shard, now - began[call], on[call])
-                 for call, e in self.inflight.items()
-                 if e.shard is not None and call in began and call in on]
-        for slow in pace.judge(running, skip=health.failed(now), stuck=stuck):
-            health.read_around(slow.shard, now + pace.hold_s)
-            pace.forget(slow.shard)
-            resent = self._resend_waiting(slow.shard)
-            self.summary.reads.slow_shards.append(
-                f"at {now - self.start:.1f} s: {slow.describe()} for {pace.hold_s:.0f} s"
-                + (f"; {resent} calls waiting to read through it sent again" if resent else ""))
-
-    def _resend_waiting(self, shard: str) -> int:
-        """The calls sent to read through ``shard`` (just found slow) that wait in their
-        worker's library behind another are withdrawn, their tasks planned again: they go
-        where the shard's files are read now, around it. A call the manager's view has
-        waiting may have started (the view lags by a result): withdrawn, it is stopped, and
-        what it read through the slow shard is read again around it. Calls running there get
-        backup copies as cores idle (``backups.slow_shard``). Returns how many."""
-        waiting = [call for call, entry in self.inflight.items()
-                   if entry.shard == shard and entry.again is None
-                   and call not in self.copy_of and self.lanes.queued(call)]
-        for call in waiting:
-            self._withdraw(call, Again(Reason.REQUEUED, f"it waited to read through shard "
-                                                        f"{shard}, found slow", retry=False),
-                           running=True)
-        return len(waiting)
-
-    def _note_pace(self, category: str, shard: str | None, result: BundleResult) -> None:
-        """What a finished call says of the shards' pace: each clocked read of a shard its
-        rate; a call that read through one shard only, its run time (what calls still
-        running are compared with; and, where its reads were not clocked, its evidence)."""
-        shardmap = self.cfg.shardmap
-        if shardmap is None:
-            return
-        pace, clocked, names = self.learned.shard_pace, False, shardmap.names()
-        for r in result.reads:
-            seconds = r.get("read_s", 0.0)
-            if seconds > 0 and r["server"] in names:
-                pace.observe_read(r["server"], seconds, r["bytes"] - r.get("prefetched", 0))
-                clocked = True
-        if shard is None:
-            return
-        if {r["server"] for r in result.reads if r["server"] != "memory"} == {shard}:
-            pace.observe_wall(category, shard, result.wall_s)
-        if not clocked and {r["server"] for r in result.reads} == {shard}:
-            pace.observe(category, shard, result.wall_s)
 
     def _submit(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory
