@@ -138,8 +138,7 @@ class Planner:
                 continue
             key = self._ready[0][1]
             key_files = self._files(key)
-            if members and (not self._carried(members) or len(members) >= self._max_tasks
-                            if key_files else len(members) >= size):
+            if members and not (self._carried(members) if key_files else len(members) < size):
                 break  # a file-reading task starts its own bundle, unless it carries these
             heapq.heappop(self._ready)
             members.append(key)
@@ -175,13 +174,13 @@ class Planner:
         bundle's target (unknown: yes). A merge sent alone takes a slot of a worker's queue,
         so the file task behind it is not there to be read ahead while the current call
         computes; carried, it is, and the merge runs where it would have waited anyway.
-        Only light merges (``light``): the call runs under the file task's memory cap."""
+        Only light merges (``light``): the call runs under the file task's memory cap; and
+        within ``max_tasks``."""
+        if len(members) >= self._max_tasks:
+            return False
         if self._light is not None and not all(self._light(key) for key in members):
             return False
-        cost = 0.0
-        for key in members:
-            estimate = self.costs.estimate(self.graph.category(key))
-            cost += estimate or 0.0
+        cost = sum(self.costs.estimate(self.graph.category(key)) or 0.0 for key in members)
         return cost <= CARRIED_SHARE * self._target_s
 
     def _held_with(self, seed: Key, category: str, n: int) -> list[Key]:
