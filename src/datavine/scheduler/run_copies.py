@@ -203,9 +203,9 @@ class BackupCopies(RunParts):
         running = copy in self.lanes.began
         entry = self._forget_copy(copy)
         self.summary.backups.cancelled += 1
-        if running and entry is not None:
-            self._stopped_running(entry.bundle)
         if entry is not None:
+            if running:
+                self._stopped_running(entry.bundle)
             self.life.note(entry.bundle.keys, self.now,
                            f"bundle {entry.bundle.id}: its backup copy (call {copy}) was "
                            f"cancelled: {why}")
