@@ -16,7 +16,7 @@ from datavine.deploy import reaper as reaper_mod
 from datavine.deploy.sessions import kill_session, session_pids, stop_session
 from datavine.deploy.signals import Terminated, terminate_gracefully
 from datavine.manager.library import LibraryLogs
-from datavine.manager.library_log import requeued_task
+from datavine.manager.library_log import LibraryLog, requeued_task
 from datavine.manager.taskvine_port import check_port_free, exec_command, silence_tunes
 from datavine.worker.alarm import alarm
 from datavine.worker.memcap import run_capped
@@ -38,6 +38,31 @@ def test_requeued_task_reads_only_new_attempts() -> None:
     assert requeued_task(b"1795450516751906 19610 WORKER w-1 DISCONNECTION FAILURE") is None
     assert requeued_task(b"1 2 TASK 3 RUNNING worker-x FIRST_RESOURCES {}") is None
     assert requeued_task(b"garbage") is None
+
+
+def test_the_log_names_tasks_put_back_with_or_without_a_new_attempt(tmp_path: Path) -> None:
+    """A task TaskVine put back shows as a second READY line of its id: with a new attempt
+    (its worker died) or without one (its library died: "forsaken"); its first READY line
+    (the submit) does not count, nor a READY line after its DONE (an id never returns, but
+    the log is read as it grows)."""
+    path = tmp_path / "transactions"
+    log = LibraryLog(path)
+
+    def ready(task: int, attempt: int) -> bytes:
+        return b"1 2 TASK %d READY default FIRST_RESOURCES %d {}\n" % (task, attempt)
+
+    path.write_bytes(ready(1, 1) + ready(2, 1) + ready(3, 1)
+                     + b"1 2 TASK 1 RUNNING worker-a  FIRST_RESOURCES {}\n")
+    assert log.requeued(0.0) == []
+    with open(path, "ab") as f:
+        f.write(ready(1, 1)  # forsaken: put back without an attempt
+                + ready(2, 2)  # its worker died: a new attempt
+                + b"1 2 TASK 3 DONE SUCCESS  0 \n")
+    assert sorted(log.requeued(1.0)) == [1, 2]
+    assert log.requeued(2.0) == []  # each once
+    with open(path, "ab") as f:
+        f.write(ready(3, 1))
+    assert log.requeued(3.0) == []  # after its DONE: as new
 
 
 def test_library_logs_find_a_traceback_written_in_pieces(tmp_path: Path) -> None:

@@ -181,3 +181,50 @@ def test_the_run_hands_delivered_values_to_its_result_hook() -> None:
     finished = [k for keys, _ in delivered for k in keys]
     assert sorted(map(str, finished)) == sorted(map(str, dsk))  # each task once
     assert [got for _, got in delivered if final in got] == [{final: values[final]}]
+
+
+def test_a_look_asks_taskvine_only_about_calls_not_yet_placed() -> None:
+    """A look at the pool asks TaskVine about the calls waiting in its queue and those its
+    log says it put back, not about calls seen on a worker already: its cost follows what
+    changed, not the calls out. A tail look (not full) reads no log."""
+
+    class Watched(FakeRuntime):
+        def __init__(self) -> None:
+            super().__init__(CFG)
+            self.asked: list[list[int]] = []
+            self.put_back: list[int] = []
+            self.logs_read = 0
+
+        def call_places(self, task_ids: Any) -> dict[int, tuple[str, str | None]]:
+            ids = sorted(task_ids)
+            self.asked.append(ids)
+            return super().call_places(ids)
+
+        def call_worker(self, task_id: int) -> str | None:
+            return self.workers[task_id % 2] if self.states.get(task_id) == "RUNNING" else None
+
+        def requeued(self, now: float) -> list[int]:
+            self.logs_read += 1
+            out, self.put_back = self.put_back, []
+            return out
+
+    rt = Watched()
+    loop = GraphRun(rt, graphs.build({"a": (abs, -1)}, ["a"]), CFG)  # type: ignore[arg-type]
+    loop.tasks, loop.calls = {1: 11, 2: 12, 3: 13}, {11: 1, 12: 2, 13: 3}
+    rt.states = {11: "RUNNING", 12: "READY", 13: "RUNNING"}
+    first = loop._sample(0.0)
+    assert rt.asked[-1] == [11, 12, 13]
+    assert first.where == {1: rt.workers[1], 3: rt.workers[1]} and first.moved == {1, 3}
+    second = loop._sample(1.0)
+    assert rt.asked[-1] == [12]  # the placed calls are not asked about again
+    assert second.where == first.where and second.moved == frozenset()
+    assert second.states == {2: "READY"}
+    rt.put_back, rt.states[11] = [11], "READY"  # TaskVine's log: it put call 1 back
+    third = loop._sample(2.0)
+    assert rt.asked[-1] == [11, 12] and third.requeued == {1}
+    assert third.states == {1: "READY", 2: "READY"} and third.where == {3: rt.workers[1]}
+    reads = rt.logs_read
+    rt.states[12] = "RUNNING"
+    tail = loop._sample(2.02, full=False)
+    assert not tail.full and rt.logs_read == reads and tail.requeued == frozenset()
+    assert rt.asked[-1] == [11, 12] and tail.moved == {2}

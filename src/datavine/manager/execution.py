@@ -16,13 +16,14 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from datavine.config import RunConfig
 from datavine.dashboard.events import NO_SINK, NullSink
 from datavine.manager.port import ResultHook, RunPort
 from datavine.manager.progress import RunProgress
 from datavine.scheduler import graph as graphs
+from datavine.scheduler.network import LibraryState
 from datavine.scheduler.run_messages import (
     CallDone,
     CallWithdrawn,
@@ -46,7 +47,7 @@ from datavine.worker.payload import BundleEncoder
 Key = Hashable
 SALVAGE_S = 15.0  # at most this long fetching kept values after Ctrl-C
 REFRESH_S = 1.0  # how often the pool is sampled and the library's health is checked
-TAIL_LOOK_S = 0.02  # ... and at a run's tail, when the state wants to know where calls run
+TAIL_LOOK_S = 0.02  # ... and at a run's tail, a look at where the unplaced calls run
 
 
 class GraphRun:
@@ -76,6 +77,12 @@ class GraphRun:
         # look at TaskVine's statistics walks every worker (~0.1 ms at 256), so the pool is
         # looked at with the rest of the sample (REFRESH_S), not once per result
         self.pool: tuple[int, int] = (0, 0)
+        # where each call TaskVine sent to a worker runs (its address), as far as the looks
+        # saw: a look asks TaskVine only about the other calls (those waiting in its queue,
+        # and those its log says it put back), so its cost follows what changed, not the
+        # calls out (256 at 256 workers, a look a second: most of the manager's own CPU)
+        self.placed: dict[int, str] = {}
+        self.libraries: Mapping[str, LibraryState] = {}  # as the last full look read them
 
     def execute(self) -> dict[Key, object]:
         self.library = self.rt.ensure_library()
@@ -84,16 +91,19 @@ class GraphRun:
         self.sink.run_started(state.graph, state.files_of, self.cfg.shardmap)
         # the first turn samples the pool: workers that connected before the run are
         # known, with their hosts and racks, before its first bundles are placed
-        last_sample = state.start - REFRESH_S
+        last_sample = last_look = state.start - REFRESH_S
         try:
             with self.progress:
                 while not state.finished:
                     now = self.clock()
                     events: list[Event] = []
-                    since = now - last_sample
-                    if since >= REFRESH_S or (since >= TAIL_LOOK_S and state.wants_look):
+                    since, since_look = now - last_sample, now - last_look
+                    if since >= REFRESH_S:
                         events.append(self._sample(now))
-                        last_sample = now
+                        last_sample = last_look = now
+                    elif since_look >= TAIL_LOOK_S and state.wants_look:
+                        events.append(self._sample(now, full=False))
+                        last_look = now
                     events.append(Tick(now, *self.pool))
                     self._apply(state.handle(*events))
                     if self.unwithdrawn:  # asked to withdraw while they ran: waiting again?
@@ -102,6 +112,7 @@ class GraphRun:
                     call = self.calls.pop(done.id, None) if done is not None else None
                     if done is not None and call is not None:
                         del self.tasks[call]
+                        self.placed.pop(call, None)
                         answer = state.handle(CallDone.received(
                             call, done.result, done.addrport, self.clock(), done.failure))
                         again = frozenset().union(*(i.again for i in answer
@@ -115,20 +126,38 @@ class GraphRun:
             self._close()
         return state.results()
 
-    def _sample(self, now: float) -> PoolSample:
-        gone, lost_addr = self.rt.drop_lost_workers()
-        requeued = frozenset(c for t in self.rt.requeued(now)
-                             if (c := self.calls.get(t)) is not None)
-        places = self.rt.call_places(self.tasks.values())  # every call's, in one go
-        states = {call: places[task][0] for call, task in self.tasks.items()}
-        self.rt.check_library()  # raises once the library keeps dying
-        where = {call: addr for call, task in self.tasks.items()
-                 if states[call] not in (TASK_READY, "") and (addr := places[task][1])}
-        self.pool = self.rt.pool_size()
-        sample = PoolSample(now, *self.pool, states,
-                            requeued, frozenset(gone), frozenset(lost_addr),
-                            self.rt.library_states(now), where)
-        self.sink.pool(sample, self.state.learned.topology.workers.values())
+    def _sample(self, now: float, full: bool = True) -> PoolSample:
+        """A look at the pool: ``full`` once a second (workers lost, calls TaskVine put
+        back, libraries, the pool's size), else only where the calls not yet placed run (at
+        a run's tail, for backup copies). Either way TaskVine is asked only about calls not
+        known to be on a worker, and those its log says it put back (see ``placed``)."""
+        gone: set[str] = set()
+        lost_addr: set[str] = set()
+        requeued: frozenset[int] = frozenset()
+        if full:
+            gone, lost_addr = self.rt.drop_lost_workers()
+            requeued = frozenset(c for t in self.rt.requeued(now)
+                                 if (c := self.calls.get(t)) is not None)
+            self.rt.check_library()  # raises once the library keeps dying
+            self.pool = self.rt.pool_size()
+            self.libraries = self.rt.library_states(now)
+        for call in requeued:
+            self.placed.pop(call, None)
+        placed = self.placed
+        ask = [task for call, task in self.tasks.items() if call not in placed]
+        states: dict[int, str] = {}
+        moved: list[int] = []
+        for task, (now_state, addr) in self.rt.call_places(ask).items():
+            call = self.calls[task]
+            states[call] = now_state
+            if now_state not in (TASK_READY, "") and addr:
+                placed[call] = addr
+                moved.append(call)
+        sample = PoolSample(now, *self.pool, states, requeued, frozenset(gone),
+                            frozenset(lost_addr), self.libraries, dict(placed),
+                            moved=frozenset(moved), full=full)
+        if full:  # the live view's pool: once a second is what its pages show
+            self.sink.pool(sample, self.state.learned.topology.workers.values())
         return sample
 
     # --- instructions ----------------------------------------------------------------------
@@ -148,6 +177,7 @@ class GraphRun:
                     self.rt.cancel(task)
                     self.sink.gone(ins.call)
                     del self.tasks[ins.call], self.calls[task]
+                    self.placed.pop(ins.call, None)
                     pending.extend(self.state.handle(CallWithdrawn(ins.call)))
                 elif task is not None:  # left running; withdrawn once TaskVine puts it back to
                     self.unwithdrawn.add(ins.call)  # wait (for an input lost with a worker)
@@ -227,6 +257,7 @@ class GraphRun:
             self.rt.restart_library(tuple(running))
         self.tasks.clear()
         self.calls.clear()
+        self.placed.clear()
         for ins in self.state.close():  # after the calls are gone: only DropTemp
             file = self.temps.pop(ins.temp, None) if isinstance(ins, DropTemp) else None
             if file is not None:

@@ -59,15 +59,18 @@ def _library_event(fields: list[bytes]) -> tuple[str, str, str] | None:
 def requeued_task(line: bytes) -> int | None:
     """The task id of a transactions-log line that requeues a task (``TASK <id> READY
     <category> <how> <attempt>`` with an attempt above 1: its worker or library died), else
-    None (pure)."""
-    return _requeued_task(_fields(line))
+    None (pure). A task put back without a new attempt (its library died: TaskVine calls it
+    forsaken) shows as a second READY line of its id: :class:`LibraryLog` counts those."""
+    ready = _ready_task(_fields(line))
+    return ready[0] if ready is not None and ready[1] > 1 else None
 
 
-def _requeued_task(fields: list[bytes]) -> int | None:
+def _ready_task(fields: list[bytes]) -> tuple[int, int] | None:
+    """(task id, attempt) of a ``TASK <id> READY`` line's fields, else None."""
     # time pid TASK id READY category allocation attempt ...
     if len(fields) >= 8 and fields[2] == b"TASK" and fields[4] == b"READY":
         with contextlib.suppress(ValueError):
-            return int(fields[3]) if int(fields[7]) > 1 else None
+            return int(fields[3]), int(fields[7])
     return None
 
 
@@ -78,6 +81,7 @@ class LibraryLog:
     def __init__(self, path: Path) -> None:
         self._tail = LineTail(path)
         self._requeued: list[int] = []
+        self._ready: set[int] = set()  # tasks whose READY line was read, until their DONE
         self.address: dict[str, str] = {}  # TaskVine worker id -> address (host:port)
         self.library_on: dict[str, str] = {}  # library task id -> worker id
         self.states: dict[str, LibraryState] = {}  # address -> its library
@@ -94,8 +98,11 @@ class LibraryLog:
             event = _library_event(fields)
             if event is not None:
                 self._apply(event, now)
-            elif (task := _requeued_task(fields)) is not None:
-                self._requeued.append(task)
+            elif (ready := _ready_task(fields)) is not None:
+                task, attempt = ready
+                if attempt > 1 or task in self._ready:  # put back, with a new attempt or not
+                    self._requeued.append(task)
+                self._ready.add(task)
         return self.states
 
     def requeued(self, now: float) -> list[int]:
@@ -114,6 +121,8 @@ class LibraryLog:
                 self.states.pop(address, None)
                 self.hosts.pop(address, None)
         elif what == "done":
+            with contextlib.suppress(ValueError):
+                self._ready.discard(int(first))
             worker = self.library_on.pop(first, None)
             if worker is not None:
                 self.ended += 1

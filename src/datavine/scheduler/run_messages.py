@@ -36,9 +36,12 @@ class Tick:
 
 @dataclass(frozen=True)
 class PoolSample:
-    """A look at the pool (about once a second): each call's TaskVine state, calls TaskVine
-    put back in its queue by itself, named workers that left, addresses that disconnected;
-    each worker's library (by address) and the address of each call a worker took."""
+    """A look at the pool (about once a second): TaskVine's state of the calls it was asked
+    about (those not known to be on a worker: a call missing here is where ``where`` says),
+    calls TaskVine put back in its queue by itself, named workers that left, addresses that
+    disconnected; each worker's library (by address) and the address of each call a worker
+    took, of which ``moved`` are new since the last look (None: all of them). A look that
+    is not ``full`` (at a run's tail, many a second) says no more than where calls run."""
 
     now: float
     workers: int
@@ -49,6 +52,8 @@ class PoolSample:
     lost_addr: frozenset[str] = frozenset()
     libraries: Mapping[str, LibraryState] = field(default_factory=dict)
     where: Mapping[int, str] = field(default_factory=dict)
+    moved: frozenset[int] | None = None
+    full: bool = True  # False: a look at a run's tail, at where calls run and nothing else
 
 
 @dataclass(frozen=True)

@@ -40,20 +40,23 @@ class PoolWatch(RunParts):
     def _sample(self, sample: PoolSample) -> None:
         """Record the pool's size; calls whose worker or library died under them, and calls
         pinned to a worker that left, run again at once anywhere; values kept on workers
-        that left are made again."""
-        self.summary.samples.append((round(sample.now - self.start, 3), sample.workers,
-                                     sample.cores))
+        that left are made again. A tail look (not ``full``) only says where calls run."""
         topology = self.learned.topology
-        self.summary.lost_workers.extend(sorted(
-            set(sample.gone) | {topology.who_left(a) for a in sample.lost_addr}))
+        if sample.full:
+            self.summary.samples.append((round(sample.now - self.start, 3), sample.workers,
+                                         sample.cores))
+            self.summary.lost_workers.extend(sorted(
+                set(sample.gone) | {topology.who_left(a) for a in sample.lost_addr}))
         if sample.lost_addr:
             self._recover(self.kept.lost_on(set(sample.lost_addr)))
-        # TaskVine's log names the calls it put back with a new attempt; a call seen running
-        # that is waiting again was put back without one (its library died: "forsaken").
-        # A withdrawing call is left to its withdrawal or its result.
+        # TaskVine's log names the calls it put back; a call seen running that TaskVine says
+        # is waiting again was put back too. A withdrawing call is left to its withdrawal or
+        # its result. Calls the sample has no state of are where ``where`` says.
         requeued = {c for c in sample.requeued if c in self.inflight}
-        for call, entry in self.inflight.items():
-            state = sample.states.get(call, "")
+        for call, state in sample.states.items():
+            entry = self.inflight.get(call)
+            if entry is None:
+                continue
             phase = self.life.phase(entry.bundle.id)
             if phase is Phase.RUNNING and state == TASK_READY:
                 requeued.add(call)
@@ -77,18 +80,22 @@ class PoolWatch(RunParts):
                 self.summary.failures.append(
                     f"bundle {entry.bundle.id} ({len(entry.bundle.keys)} tasks): its worker or "
                     "library died under it; TaskVine sent it to another worker")
-        for call, entry in list(self.inflight.items()):
-            if entry.target.worker in sample.gone and sample.states.get(call) == TASK_READY:
-                self._withdraw(call, Again(Reason.LOST_WORKER,
-                                            f"worker {entry.target.worker} left"))
-        for copy, entry in list(self.backups.items()):
-            if entry.target.worker in sample.gone:
-                self._cancel_copy(self.copied_from[copy], f"worker {entry.target.worker} left")
-        for call, addr in sample.where.items():
-            known = topology.at(addr)
+        if sample.gone:
+            for call, entry in list(self.inflight.items()):
+                if entry.target.worker in sample.gone and sample.states.get(call) == TASK_READY:
+                    self._withdraw(call, Again(Reason.LOST_WORKER,
+                                                f"worker {entry.target.worker} left"))
+            for copy, entry in list(self.backups.items()):
+                if entry.target.worker in sample.gone:
+                    self._cancel_copy(self.copied_from[copy],
+                                      f"worker {entry.target.worker} left")
+        placed = sample.where
+        for call in placed if sample.moved is None else sample.moved & placed.keys():
+            known = topology.at(placed[call])
             if known is not None and (call in self.inflight or call in self.backups):
                 self.lanes.place(call, known.id, sample.now)
-        self._watch_network(sample)
+        if sample.full:
+            self._watch_network(sample)
 
     def _watch_network(self, sample: PoolSample) -> None:
         """Workers whose library does not start are dropped, their calls sent elsewhere
@@ -100,7 +107,7 @@ class PoolWatch(RunParts):
         actions = self.learned.network.libraries(
             sample.libraries, sample.now, self.cfg.library_start_timeout_s, names,
             len(self.kept.held), self.start, held)
-        for call, addr in sorted(sample.where.items()):
+        for call, addr in sorted(sample.where.items()) if actions.stalled else ():
             if addr in actions.stalled and call in self.inflight:
                 why = f"its worker {names.get(addr, addr)}'s library did not start"
                 self._withdraw(call, Again(Reason.REQUEUED, why, retry=False, anywhere=True),
