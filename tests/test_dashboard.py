@@ -386,6 +386,33 @@ def test_pool_records_name_the_workers_only_when_they_changed(tmp_path: Path) ->
     assert {w.id: w.state for w in board.workers.values()} == {"a2": "idle", "b2": "lost"}
 
 
+def test_a_look_remakes_the_pool_rows_only_when_a_worker_or_library_changed(
+        tmp_path: Path) -> None:
+    """The driver's looks reuse the libraries' mapping until a library changes (the runtime
+    copies it once per change): the rows are made again when it is another mapping or a
+    worker's fields changed, and only then does a record name the workers."""
+    from datavine.scheduler.network import LIBRARY_SENT, LIBRARY_STARTED, LibraryState
+    from datavine.scheduler.run_messages import PoolSample
+
+    sink = ev.EventSink(tmp_path / "e.jsonl")
+    a2 = KnownWorker("a2", "A", cores=2, named=True, addrport="a2.box:9000", host="a2.box")
+    sent = {"a2.box:9000": LibraryState(LIBRARY_SENT, 0.0, "a2.box")}
+    started = {"a2.box:9000": LibraryState(LIBRARY_STARTED, 1.0, "a2.box")}
+
+    def look(libraries: dict[str, LibraryState]) -> None:
+        sink.pool(PoolSample(0.0, 1, 2, {}, libraries=libraries), [a2])
+
+    look(sent)
+    look(sent)  # the same mapping, the same worker: reused, left out
+    look(started)  # a library changed
+    a2.rack = "B"  # a worker changed
+    look(started)
+    sink.close()
+    pools = [r for r in ev.read_events(tmp_path / "e.jsonl") if r["k"] == "pool"]
+    assert [[(w["lib"], w["rack"]) for w in r["workers"]] if "workers" in r else None
+            for r in pools] == [[("sent", "A")], None, [("started", "A")], [("started", "B")]]
+
+
 def test_tail_waits_for_a_whole_line(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
     path.write_bytes(b'{"k":"a","t":1}\n{"k":"b",')

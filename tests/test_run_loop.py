@@ -228,3 +228,33 @@ def test_a_look_asks_taskvine_only_about_calls_not_yet_placed() -> None:
     tail = loop._sample(2.02, full=False)
     assert not tail.full and rt.logs_read == reads and tail.requeued == frozenset()
     assert rt.asked[-1] == [11, 12] and tail.moved == {2}
+
+
+def test_a_run_freezes_the_heap_it_found_and_gives_it_back() -> None:
+    """During a run the collector skips what the process held when it started (a full
+    collection walked the whole graph); after it, nothing stays frozen, and a freeze the
+    process made itself is left as it was."""
+    import gc
+
+    from datavine.manager.execution import frozen_heap
+
+    assert gc.get_freeze_count() == 0
+    seen: list[int] = []
+
+    class Counting(FakeRuntime):
+        def wait(self, timeout_s: int) -> Any:
+            seen.append(gc.get_freeze_count())
+            return super().wait(timeout_s)
+
+    rt = Counting(CFG)
+    assert run(rt, {"a": (abs, -1)}, ["a"]) == [1]
+    assert seen and min(seen) > 0  # frozen while the run waited
+    assert gc.get_freeze_count() == 0  # and given back
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() == mine  # the process's own freeze stays
+    finally:
+        gc.unfreeze()

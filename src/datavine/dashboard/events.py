@@ -26,6 +26,7 @@ each once. Standard library (and :mod:`datavine.io.shards`,
 from __future__ import annotations
 
 import json
+import operator
 import os
 import socket
 import time
@@ -125,6 +126,9 @@ class EventSink(NullSink):
         self._weights: dict[Hashable, int] = {}
         self._tasks: dict[int, int] = {}  # call in flight -> its tasks
         self._pool_rows: list[PoolWorker] | None = None  # the workers of the last pool record
+        # what those rows were made of (see pool): the workers' fields, the libraries
+        self._pool_key: tuple[list[tuple[Any, ...]], Mapping[str, LibraryState] | None] = \
+            ([], None)
         self.here = socket.gethostname()  # what a shard on loopback stands for
         self.emit({"k": "hello", "pid": os.getpid(), "version": VERSION}, flush=True)
 
@@ -162,9 +166,20 @@ class EventSink(NullSink):
         self.emit(record)
 
     def pool(self, sample: PoolSample, workers: Iterable[KnownWorker]) -> None:
-        self._emit_pool(pool_record(workers, sample.libraries, sample.where, sample.states,
-                                    sample.gone, sample.lost_addr, sample.workers,
-                                    sample.cores))
+        known = list(workers)
+        # the rows are made again only when a worker or a library changed (256 rows a
+        # second were most of a pool record's cost): the workers' fields, and the libraries'
+        # mapping, which the runtime copies once per change
+        fields = list(map(_ROW_FIELDS, known))
+        last_fields, last_libraries = self._pool_key
+        if (self._pool_rows is None or sample.libraries is not last_libraries
+                or fields != last_fields):
+            self._pool_key = (fields, sample.libraries)  # held: its id is not reused
+            rows = pool_rows(known, sample.libraries)
+        else:
+            rows = self._pool_rows
+        self._emit_pool(pool_record_of(rows, sample.where, sample.states, sample.gone,
+                                       sample.lost_addr, sample.workers, sample.cores))
 
     def pool_now(self, workers: Iterable[KnownWorker],
                  libraries: Mapping[str, LibraryState]) -> None:
@@ -175,7 +190,7 @@ class EventSink(NullSink):
     def _emit_pool(self, record: PoolRecord) -> None:
         """A pool record, without its workers when they are those of the last one (the
         reader keeps the last list it read)."""
-        if record["workers"] == self._pool_rows:
+        if record["workers"] is self._pool_rows or record["workers"] == self._pool_rows:
             del record["workers"]
         else:
             self._pool_rows = record["workers"]
@@ -274,6 +289,17 @@ def pool_record(workers: Iterable[KnownWorker], libraries: Mapping[str, LibraryS
                 lost: Iterable[str], connected: int, cores: int) -> PoolRecord:
     """The pool: each known worker (name, address, host, rack, cores, its library's state),
     each running call's worker address, calls waiting, workers that left."""
+    return pool_record_of(pool_rows(workers, libraries), where, states, gone, lost,
+                          connected, cores)
+
+
+_ROW_FIELDS = operator.attrgetter("id", "addrport", "host", "rack", "cores")
+
+
+def pool_rows(workers: Iterable[KnownWorker],
+              libraries: Mapping[str, LibraryState]) -> list[PoolWorker]:
+    """A pool record's workers: each known worker, then each library's worker not known to
+    placement yet."""
     rows: list[PoolWorker] = []
     seen = set()
     for w in workers:
@@ -285,6 +311,14 @@ def pool_record(workers: Iterable[KnownWorker], libraries: Mapping[str, LibraryS
         if addr not in seen:
             rows.append({"id": addr, "addr": addr, "host": _host(library), "rack": None,
                          "cores": 0, "lib": _state(library)})
+    return rows
+
+
+def pool_record_of(rows: list[PoolWorker], where: Mapping[int, str],
+                   states: Mapping[int, str], gone: Iterable[str], lost: Iterable[str],
+                   connected: int, cores: int) -> PoolRecord:
+    """A pool record of its worker ``rows`` (:func:`pool_rows`), each running call's worker
+    address, calls waiting (READY among ``states``), workers that left."""
     queued = sum(1 for s in states.values() if s == "READY")
     return {"k": "pool", "workers": rows, "calls": list(where.items()),
             "queued": queued, "gone": sorted(gone), "lost": sorted(lost),

@@ -149,6 +149,8 @@ class LocalWorkers:
         self.trust = trust
         self.procs: list[subprocess.Popen[bytes]] = []
         self.exited: dict[int, int] = {}  # worker index -> exit status, as the watch saw it
+        self._alive_key: tuple[int, frozenset[int]] | None = None  # alive_ids' last answer
+        self._alive: set[str] = set()
         self._stop_watch = threading.Event()
         self._watch: threading.Thread | None = None
 
@@ -195,8 +197,12 @@ class LocalWorkers:
         process itself cost ~0.7 ms at 256 workers."""
         if self._watch is None:  # no watch thread: ask the processes
             return {local_worker_id(i) for i, p in enumerate(self.procs) if p.poll() is None}
-        exited = set(self.exited)  # one copy: the watch thread adds to it
-        return {local_worker_id(i) for i in range(len(self.procs)) if i not in exited}
+        exited = frozenset(self.exited)  # one copy: the watch thread adds to it
+        key = (len(self.procs), exited)
+        if key != self._alive_key:  # the same names each second, made again only on a change
+            self._alive_key = key
+            self._alive = {local_worker_id(i) for i in range(len(self.procs)) if i not in exited}
+        return set(self._alive)
 
     def kill(self, index: int) -> None:
         """Kill one worker and everything it started at once (for failure tests)."""

@@ -111,6 +111,8 @@ class DatavineLibrary:
         self._rewarm = False
         self._logs = LibraryLogs()
         self._ended_seen = -1  # libraries ended (transactions log) at the last log search
+        self._states: dict[str, LibraryState] = {}  # states(): the last copy, and of what
+        self._states_version = -1
         self._scanned_at = 0.0
         self._rescan = False
         self._failed: list[Path] = []
@@ -245,11 +247,16 @@ class DatavineLibrary:
         """Each connected worker's library (address -> state since ``now`` or earlier),
         from TaskVine's transactions log; host names from the topology, which learned each
         worker's host from TaskVine's worker list when it connected (no second look)."""
-        self.libraries.read(now)
-        if self.libraries.missing_hosts():
-            self.libraries.name_hosts({w.addrport: w.host for w in self.topology.workers.values()
-                                       if w.addrport and w.host})
-        return dict(self.libraries.states)
+        log = self.libraries
+        log.read(now)
+        if log.version != self._states_version:  # a copy a change, not a copy a second
+            if log.missing_hosts():
+                log.name_hosts({w.addrport: w.host for w in self.topology.workers.values()
+                                if w.addrport and w.host})
+            self._states = dict(log.states)
+            # hosts still missing (a worker the topology learns later): look again next time
+            self._states_version = -1 if log.missing_hosts() else log.version
+        return self._states
 
     def failures(self) -> list[Path]:
         """Logs of library instances that died with a traceback (TaskVine restarts them)."""

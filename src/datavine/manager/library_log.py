@@ -87,10 +87,16 @@ class LibraryLog:
         self.states: dict[str, LibraryState] = {}  # address -> its library
         self.hosts: dict[str, str] = {}  # address -> host name, as the runtime learns them
         self.ended = 0  # library instances seen ending (failed, or their task done)
+        self.version = 0  # counts the changes of ``states``
+        self._read_at: float | None = None
 
     def read(self, now: float) -> dict[str, LibraryState]:
         """The states after the lines written since the last read (``now``: the caller's
-        clock, recorded as the time of each change)."""
+        clock, recorded as the time of each change); a second read at the same ``now`` (one
+        look asks for the requeued calls and the libraries) reads nothing again."""
+        if now == self._read_at:
+            return self.states
+        self._read_at = now
         for line in self._tail.lines():
             if b" TASK " in line and b" DONE " not in line and b" READY " not in line:
                 continue  # a task's other states (5 lines a call): nothing read here
@@ -113,6 +119,7 @@ class LibraryLog:
 
     def _apply(self, event: tuple[str, str, str], now: float) -> None:
         what, first, second = event
+        self.version += 1
         if what == "connect":
             self.address[first] = second
         elif what == "disconnect":
@@ -153,3 +160,4 @@ class LibraryLog:
                 self.hosts[address] = host
                 if state.host != host:
                     self.states[address] = LibraryState(state.state, state.since, host)
+                    self.version += 1
