@@ -175,3 +175,20 @@ def test_a_call_goes_to_the_idle_worker_not_behind_a_running_one(
             "while the other worker was idle (patch 0020)")
         done = results.wait_for({first}, 30)
         assert done[first].pid != got[second].pid, "both calls ran in the same library"
+
+
+def test_a_call_goes_first_to_the_worker_whose_library_just_freed_a_slot(
+        two_workers: Runtime) -> None:
+    """Patch 0025: with both libraries idle, a call goes to the worker a call just came back
+    from (a busy pool's one idle library), looked at before any walk. Each worker in turn:
+    a call pinned to it comes back, then a free call goes there too; the walk alone would
+    take its first worker both times."""
+    rt, results = two_workers, Results(two_workers)
+    for name in ("local-0", "local-1"):
+        pinned = rt.submit_bundle(payload(rt, os.getpid), 500.0, (), None,
+                                  features=[f"worker:{name}"])
+        got = results.wait_for({pinned}, 30)
+        assert pinned in got and got[pinned].ok and got[pinned].worker == name, got
+        free = rt.submit_bundle(payload(rt, os.getpid), 500.0, (), None)
+        after = results.wait_for({free}, 30)
+        assert free in after and after[free].worker == name, (name, after)
