@@ -38,6 +38,10 @@ class WorkerWatch:
         self._addrports: set[str] = set()  # workers connected at the last status
         self._worker_counters: tuple[int, int] | None = None  # (joined, removed) then
         self._last_status = 0.0
+        # liveness' last answer and the workers known then: the known workers are searched
+        # for the dead only when either changed (a walk over them every second, for
+        # nothing, at 256 workers)
+        self._alive: tuple[set[str], int] | None = None
 
     def wait_for_workers(self, n: int, timeout_s: float, *, waited_s: float = 0.0) -> int:
         """Block until ``n`` workers are connected; raise NoWorkersError after ``timeout_s``
@@ -59,10 +63,11 @@ class WorkerWatch:
         now = time.monotonic()
         gone: set[str] = set()
         lost_addr: set[str] = set()
-        if self.liveness is not None:
-            alive = self.liveness()
+        alive = self.liveness() if self.liveness is not None else None
+        if alive is not None and (alive, len(self.topology.workers)) != self._alive:
             gone |= {w.id for w in self.topology.workers.values()
                      if w.named and w.id.startswith("local-") and w.id not in alive}
+            self._alive = (alive, len(self.topology.workers) - len(gone))
             for wid in gone:
                 known = self.topology.forget(wid)
                 if known is not None and known.addrport:
