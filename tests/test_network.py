@@ -267,3 +267,26 @@ def test_a_dropped_worker_leaves_placement_and_calls_waiting_for_it_go_anywhere(
     ended = {**libs, B: LibraryState(LIBRARY_ENDED, 140.0, "b1.box")}
     out = state.handle(PoolSample(140.5, 2, 2, {}, libraries=ended))
     assert Network((), ("b1.box",), False) in out and not learned.network.out_of_placement
+
+
+def test_a_look_at_libraries_all_started_and_unchanged_is_skipped() -> None:
+    """NetworkWatch.quiet: the same mapping as a look that saw every library started, with
+    nothing dropped, needs no look; a library not started, another mapping, or a dropped
+    worker does."""
+    from datavine.scheduler.network import (
+        LIBRARY_SENT,
+        LIBRARY_STARTED,
+        LibraryState,
+        NetworkWatch,
+    )
+
+    watch = NetworkWatch()
+    started = {"a:1": LibraryState(LIBRARY_STARTED, 0.0, "a"),
+               "b:1": LibraryState(LIBRARY_STARTED, 0.0, "b")}
+    assert not watch.quiet(started)  # first seen: looked at
+    assert watch.quiet(started)  # the same mapping since: nothing to look at
+    assert not watch.quiet(dict(started))  # another mapping (a library changed)
+    pending = {**started, "c:1": LibraryState(LIBRARY_SENT, 0.0, "c")}
+    assert not watch.quiet(pending) and not watch.quiet(pending)  # its start is timed
+    watch.dropped["c:1"] = "c"
+    assert not watch.quiet(started)

@@ -404,3 +404,13 @@ def test_calls_waiting_to_read_through_a_shard_found_slow_are_sent_again_around_
     assert pool.state.finished
     assert pool.state.results() == {("r", i): len(u) for i, u in enumerate(chosen)}
     assert pool.state.summary.tasks == 4  # each counted once
+
+
+def test_looks_for_backup_copies_thin_out_with_the_calls_out() -> None:
+    """A look walks every call out: every 50 ms for a few calls (a straggler on the box is
+    found at once), every 1 ms per call beyond 50 (0.26 s at 256 workers, ~0.2% of a core)."""
+    from datavine.scheduler.run_copies import speculate_every
+
+    assert speculate_every(0) == speculate_every(4) == speculate_every(50) == 0.05
+    assert speculate_every(256) == pytest.approx(0.256)
+    assert speculate_every(512) > speculate_every(256)

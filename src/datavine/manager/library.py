@@ -34,7 +34,9 @@ ENV_STAGE_S = 300.0  # beyond no_worker_timeout_s: one worker fetching a large t
 # A run waits at most this long for libraries restarted after the last run (1-3 s each);
 # a worker that is slower gets its calls when its library answers, as in any run.
 REWARM_S = 10.0
-LOG_SCAN_S = 10.0  # the libraries' logs are searched at least this often (see check)
+# the libraries' logs are searched at least this often (see check): a safety net, since
+# TaskVine's log says when a library ends (a search lists every worker's log: ~3 ms at 256)
+LOG_SCAN_S = 60.0
 EMPTY_BUNDLE: dict[str, object] = BundleSpec().encode()  # a warm-up call: no tasks
 
 

@@ -113,10 +113,27 @@ class NetworkWatch:
     # dropped workers taken out of placement: address -> (worker id, rack) (RunState's)
     out_of_placement: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
+    # the libraries' mapping last seen all started (held, so that its id is not reused)
+    _all_started: Mapping[str, LibraryState] | None = field(default=None, repr=False)
+
     @property
     def keep_on_workers(self) -> bool:
         """Whether new values may stay on workers (they travel only between peers)."""
         return not (self.leaving_peers or self.peers_off)
+
+    def quiet(self, libraries: Mapping[str, LibraryState]) -> bool:
+        """Whether a look at ``libraries`` (:meth:`libraries`) would find nothing to do: the
+        same mapping as a look that saw every library started (a runtime hands the same one
+        until a library changes), no worker dropped, peer transfers not going off. A look a
+        second over every library, for nothing, was a fifth of an idle manager's CPU at 256
+        workers."""
+        if self.dropped or self.leaving_peers or self.out_of_placement:
+            return False
+        if libraries is self._all_started:
+            return True
+        if all(lib.state == LIBRARY_STARTED for lib in libraries.values()):
+            self._all_started = libraries
+        return False
 
     def libraries(self, libraries: Mapping[str, LibraryState], now: float, bound_s: float,
                   names: Mapping[str, str], values_kept: int, start: float = 0.0,

@@ -101,6 +101,8 @@ class PoolWatch(RunParts):
         """Workers whose library does not start are dropped, their calls sent elsewhere
         (not counted as attempts: the bundle did nothing wrong); TaskVine is told what to
         block and whether to stop peer transfers (:mod:`datavine.scheduler.network`)."""
+        if self.learned.network.quiet(sample.libraries):
+            return
         workers = self.learned.topology.workers.values()
         names = {w.addrport: w.id for w in workers if w.addrport}
         held = Counter(addr for call, addr in sample.where.items() if call in self.inflight)

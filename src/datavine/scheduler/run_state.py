@@ -60,7 +60,7 @@ from datavine.scheduler.longest_first import longest_first
 from datavine.scheduler.once import FirstSeen
 from datavine.scheduler.pieces import task_entries, task_pieces
 from datavine.scheduler.placement import Placement, placement_off_reason
-from datavine.scheduler.run_copies import SPECULATE_EVERY_S, BackupCopies
+from datavine.scheduler.run_copies import BackupCopies, speculate_every
 from datavine.scheduler.run_failures import FailedCalls, shown, task_error
 from datavine.scheduler.run_messages import (
     CallDone,
@@ -307,7 +307,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             self._pace_shards(tick.now)
         if (cfg.speculation and self.inflight and not self.planner.n_ready
                 and not len(self.dispatch.held)
-                and tick.now - self._speculated_at >= SPECULATE_EVERY_S):
+                and tick.now - self._speculated_at
+                >= speculate_every(len(self.inflight) + len(self.backups))):
             self._speculated_at = tick.now
             # cores running a call, or that may be (a call whose worker is not known yet)
             unplaced = len(self.inflight) + len(self.backups) - len(self.lanes.on)
