@@ -80,11 +80,11 @@ from datavine.apps.sim.calibration import (
 from datavine.apps.sim.plot import plot_runs
 from datavine.apps.sim.steady import SteadyState, steady_state
 
-# manager CPU per bundle at 256 workers, benchmarks/README.md's "## manager profile"
-# (2026-11-26 09:05, after TaskVine patches 0007-0011 and the lighter pool sample; 1.47 that
-# morning, 3.19 on 2026-11-25 after patch 0003, 4.47 in "## workers" before)
-MEASURED_MANAGER_MS = 0.82
-TARGET_MANAGER_MS = 1.0  # issue 21's target
+# manager CPU per bundle at 256 workers, benchmarks/README.md's "## workers" (2026-11-27
+# 06:20, after TaskVine patches 0022-0026 and the lighter looks; 0.82 on 2026-11-26 09:05,
+# 1.47 that morning, 3.19 on 2026-11-25 after patch 0003, 4.47 before)
+MEASURED_MANAGER_MS = 0.57
+TARGET_MANAGER_MS = 0.5  # issue 29's target (issue 21's was 1.0)
 
 
 def facility_runs(files: int, duplex: bool) -> list[tuple[str, SimResult, float]]:

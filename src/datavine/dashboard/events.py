@@ -127,7 +127,7 @@ class EventSink(NullSink):
         self._tasks: dict[int, int] = {}  # call in flight -> its tasks
         self._pool_rows: list[PoolWorker] | None = None  # the workers of the last pool record
         # what those rows were made of (see pool): the workers' fields, the libraries
-        self._pool_key: tuple[list[tuple[Any, ...]], Mapping[str, LibraryState] | None] = \
+        self._pool_key: tuple[list[tuple[object, ...]], Mapping[str, LibraryState] | None] = \
             ([], None)
         self.here = socket.gethostname()  # what a shard on loopback stands for
         self.emit({"k": "hello", "pid": os.getpid(), "version": VERSION}, flush=True)
