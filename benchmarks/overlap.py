@@ -180,6 +180,7 @@ def main() -> int:
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="datavine-overlap-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    workdir.chmod(0o755)  # the box's xrootd servers run as their own user and enter it
     data = ROOT / "build" / "bench-data" / f"overlap-lzma-{args.files}x{args.events}"
     files = dataset(args, data)
     t_chunk, bytes_per_event, reference = calibrate(files, args.chunk_events)
