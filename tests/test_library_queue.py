@@ -12,7 +12,9 @@ not its speed:
 - a running capped call that is cancelled is stopped (its capped child is killed), and the
   library serves the next call;
 - on two one-core workers, a call sent while the other worker runs one goes to the idle
-  worker, not behind the running call (patch 0020: the library with the most free slots).
+  worker, not behind the running call (patch 0020: the library with the most free slots);
+- with both libraries idle, a call goes to the worker a call just came back from (patch
+  0025: that worker is looked at before any walk).
 """
 
 from __future__ import annotations
