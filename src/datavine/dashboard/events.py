@@ -190,7 +190,7 @@ class EventSink(NullSink):
     def _emit_pool(self, record: PoolRecord) -> None:
         """A pool record, without its workers when they are those of the last one (the
         reader keeps the last list it read)."""
-        if record["workers"] is self._pool_rows or record["workers"] == self._pool_rows:
+        if record["workers"] == self._pool_rows:
             del record["workers"]
         else:
             self._pool_rows = record["workers"]
