@@ -14,7 +14,7 @@ from datavine.config import ManagerConfig
 from datavine.deploy.binaries import vine_binary
 from datavine.deploy.sessions import stop_session
 from datavine.manager.runtime import Runtime
-from tests.test_taskvine_patches import run_all, until
+from tests.bare_manager import run_all, until
 
 
 def nodelay_processes(trace: Path) -> set[int]:

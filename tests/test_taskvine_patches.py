@@ -42,28 +42,20 @@
   ``tests/test_auth_attacks.py``, ``tests/test_silent_clients.py`` and
   ``tests/test_tls_verify.py``; ``0021`` (peer transfers without Nagle's algorithm):
   ``tests/test_peer_transfers.py``.
-- ``0022``: what a task sends its worker (a small buffer input, its description) and what
-  its result does (the buffer's unlink, the kill) go in one write each (strace of the
-  manager); a large buffer's bytes still follow their headers.
-- ``0023``: the transactions log's lines go several to a write, whole lines only, and a line
-  waits at most 0.1 s while the manager sleeps.
-- ``0024``: a worker sending results is never asked whether it is alive; an idle one is.
+- ``0022``-``0024`` (the manager's writes): ``tests/test_taskvine_writes.py``.
 - Arguments and results of datavine's calls travel as TaskVine buffers
   (:func:`datavine.manager.taskvine_internals.in_memory_calls`): no staging file is made for them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -72,11 +64,11 @@ from datavine.config import ManagerConfig
 from datavine.deploy.binaries import vine_binary
 from datavine.deploy.sessions import stop_session
 from datavine.manager.runtime import Runtime
+from tests.bare_manager import manager_with_workers, one_core_worker, run_all, until
 
 pytestmark = [pytest.mark.taskvine,
               pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) is missing")]
 WILDCARDS = {"0.0.0.0", "*", "[::]", "::"}
-T = TypeVar("T")
 
 
 def tcp_listeners() -> list[tuple[str, int, set[int]]]:
@@ -125,16 +117,6 @@ def refused(host: str, port: int) -> bool:
             return False
     except ConnectionRefusedError:
         return True
-
-
-def until(what: Callable[[], T], timeout_s: float = 20.0, every_s: float = 0.1) -> T:
-    """``what()`` once it is true, or its last value after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = what()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every_s)
 
 
 def test_worker_features_reach_the_manager_from_the_worker(tmp_path: Path) -> None:
@@ -265,33 +247,6 @@ def test_tasks_pinned_by_a_feature_run_there_and_nowhere_else(tmp_path: Path) ->
         rt.close()
 
 
-def one_core_worker(rt: Runtime, workspace: Path, *options: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [str(vine_binary("vine_worker")), "127.0.0.1", str(rt.port), "--cores", "1",
-         "--workspace", str(workspace), "--timeout", "60", *options],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-@contextlib.contextmanager
-def manager_with_workers(tmp_path: Path, n: int, debug_log: bool = False,
-                         features: tuple[str, ...] = ()) -> Iterator[Runtime]:
-    """A bare datavine manager with ``n`` one-core vine_workers connected (the i-th with
-    feature ``features[i]`` where given); both stopped after."""
-    rt = Runtime(ManagerConfig(run_dir=tmp_path / "manager", debug_log=debug_log))
-    workers = [one_core_worker(rt, tmp_path / f"w{i}",
-                               *(("--feature", features[i]) if i < len(features) else ()))
-               for i in range(n)]
-    try:
-        until(lambda: rt.manager.wait(1) is None and rt.connected_workers() == n, 30)
-        assert rt.connected_workers() == n, f"only {rt.connected_workers()} of {n} connected"
-        yield rt
-    finally:
-        for worker in workers:
-            stop_session(worker.pid)
-            worker.wait(timeout=10)
-        rt.close()
-
-
 def test_tasks_beyond_the_slots_wait_and_each_runs_once(tmp_path: Path) -> None:
     with manager_with_workers(tmp_path, 2) as rt:
         vine = rt.taskvine.vine
@@ -359,18 +314,6 @@ def test_finished_tasks_still_feed_the_capacity_estimate(tmp_path: Path) -> None
                                                            rt.manager.stats.capacity_tasks)
 
 
-def run_all(rt: Runtime, ids: list[int], timeout_s: float = 60) -> None:
-    """Wait until every task of ``ids`` came back successful."""
-    left = set(ids)
-    deadline = time.monotonic() + timeout_s
-    while left and time.monotonic() < deadline:
-        task = rt.manager.wait(1)
-        if task is not None:
-            assert task.successful(), (task.id, task.result, task.output)
-            left.discard(task.id)
-    assert not left, f"tasks {sorted(left)} did not finish in {timeout_s} s"
-
-
 def test_only_the_worker_with_news_is_asked_for_its_watched_files(tmp_path: Path) -> None:
     with manager_with_workers(tmp_path, 2, debug_log=True) as rt:
         vine = rt.taskvine.vine
@@ -415,131 +358,6 @@ def test_the_performance_log_keeps_its_interval_under_many_results(tmp_path: Pat
         added = len(perf_log.read_text().splitlines()) - rows_before
     # a row per interval (5 s by default) that saw a change, not one per result (40)
     assert added <= seconds / 5 + 2, (added, seconds)
-
-
-@contextlib.contextmanager
-def traced_writes(path: Path) -> Iterator[Callable[[], list[tuple[int, str]]]]:
-    """strace on this process's main thread (where the manager runs), its ``write`` calls
-    only; yields a function that returns (descriptor, data as strace prints it) of each
-    write so far: a newline shows as ``\\n``."""
-    tracer = subprocess.Popen(["strace", "-qq", "-e", "trace=write", "-e", "signal=none",
-                               "-s", "65536", "-o", str(path), "-p", str(os.getpid())],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        traced = until(lambda: "TracerPid:\t0" not in Path("/proc/self/status").read_text(), 10)
-        assert traced, tracer.stderr.read().decode() if tracer.poll() is not None else ""
-
-        def writes() -> list[tuple[int, str]]:
-            found = re.findall(r'^write\((\d+), "(.*)"\.{0,3}, \d+\)', path.read_text(),
-                               re.MULTILINE)
-            return [(int(fd), data) for fd, data in found]
-
-        yield writes
-    finally:
-        tracer.terminate()
-        tracer.wait(timeout=10)
-
-
-def outputs_of(rt: Runtime, ids: list[int], timeout_s: float = 60,
-               wait_s: int = 1) -> dict[int, str]:
-    """Each task's output once all of ``ids`` came back successful."""
-    out: dict[int, str] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(out) < len(ids) and time.monotonic() < deadline:
-        task = rt.manager.wait(wait_s)
-        if task is not None:
-            assert task.successful(), (task.id, task.result, task.output)
-            out[task.id] = task.output
-    assert len(out) == len(ids), f"tasks {sorted(set(ids) - set(out))} did not finish"
-    return out
-
-
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is missing")
-def test_a_task_and_its_small_inputs_go_in_one_write(tmp_path: Path) -> None:
-    """0022: a task's small buffer input goes with its description in one write, and the
-    unlink of that buffer with the task's kill when it comes back; a large buffer's bytes
-    are written after what was gathered before them, so both kinds read whole."""
-    import hashlib
-
-    big = os.urandom(1 << 20)
-    with manager_with_workers(tmp_path, 1) as rt, \
-            traced_writes(tmp_path / "writes.txt") as writes:
-        small: dict[int, str] = {}
-        for i in range(3):
-            task = rt.taskvine.vine.Task("cat in")
-            task.add_input(rt.manager.declare_buffer(f"small-{i}".encode()), "in")
-            small[rt.manager.submit(task)] = f"small-{i}"
-        task = rt.taskvine.vine.Task("md5sum < in")
-        task.add_input(rt.manager.declare_buffer(big), "in")
-        large = rt.manager.submit(task)
-        out = outputs_of(rt, [*small, large])
-        sent = [data for _, data in writes()]
-    assert {i: out[i] for i in small} == small
-    assert out[large].split()[0] == hashlib.md5(big).hexdigest()
-    for task_id in small:
-        (described,) = [d for d in sent if f"task {task_id}\\n" in d]
-        assert "put buffer-" in described.split(f"task {task_id}\\n")[0], described[:300]
-        (killed,) = [d for d in sent if f"kill {task_id}\\n" in d]
-        assert killed.startswith("unlink buffer-"), killed
-
-
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is missing")
-def test_the_transactions_log_is_written_in_batches_within_its_interval(
-        tmp_path: Path) -> None:
-    """0023: the transactions log's lines go out several to a write, each write ends a
-    line, and a line waits at most the interval (0.1 s) while the manager sleeps: the
-    RUNNING line of a 3-s task is in the file long before the task ends."""
-    import threading
-
-    with manager_with_workers(tmp_path, 1) as rt:
-        log = rt.taskvine.info_dir / "vine-logs" / "transactions"
-        seen: dict[str, float] = {}  # a line -> when this test first read it
-        stop = threading.Event()
-
-        def watch() -> None:
-            while not stop.wait(0.01):
-                now = time.time()
-                for line in log.read_text().splitlines():
-                    seen.setdefault(line, now)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        with traced_writes(tmp_path / "writes.txt") as writes:
-            quick = [rt.manager.submit(rt.taskvine.vine.Task("true")) for _ in range(4)]
-            outputs_of(rt, quick)
-            watcher.start()
-            slow = rt.manager.submit(rt.taskvine.vine.Task("sleep 3"))
-            outputs_of(rt, [slow], wait_s=10)  # the manager sleeps while the task runs
-            stop.set()
-            watcher.join(timeout=5)
-            logged = [data for _, data in writes() if " TASK " in data]
-    assert logged and all(data.endswith("\\n") for data in logged), logged[:3]
-    assert max(data.count(" TASK ") for data in logged) >= 4, logged  # 4 READY lines at once
-    running = [line for line in seen if re.search(rf" TASK {slow} RUNNING ", line)]
-    assert running, "the slow task's RUNNING line never showed"
-    stamped_s = int(running[0].split()[0]) / 1e6  # TaskVine's time of the line, in us
-    assert seen[running[0]] - stamped_s < 1.0, seen[running[0]] - stamped_s  # not at its end
-
-
-def test_only_silent_workers_get_keepalive_checks(tmp_path: Path) -> None:
-    """0024: with a 1-s keep-alive interval, a worker that sends a result every ~0.3 s is
-    never asked whether it is alive, while an idle one is, about once a second."""
-    with manager_with_workers(tmp_path, 2, debug_log=True, features=("busy", "idle")) as rt:
-        rt.manager.tune("keepalive-interval", 1)
-        busy = ""
-        ends = time.monotonic() + 5
-        while time.monotonic() < ends:
-            task = rt.taskvine.vine.Task("sleep 0.3")
-            task.add_feature("busy")
-            rt.manager.submit(task)
-            done = until(lambda: rt.manager.wait(1), 30)
-            assert done is not None and done.successful(), done
-            busy = done.addrport
-        log = (rt.taskvine.info_dir / "vine-logs" / "debug").read_text(errors="replace")
-        addresses = {w["addrport"] for w in rt.manager.status("workers")}
-    checks = {addr: len(re.findall(rf"tx to \S+ \({re.escape(addr)}\): check", log))
-              for addr in addresses}
-    (idle,) = addresses - {busy}
-    assert checks[busy] == 0 and checks[idle] >= 3, checks
 
 
 def test_an_idle_library_does_not_grow_its_watched_log(tmp_path: Path) -> None:
