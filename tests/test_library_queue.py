@@ -13,8 +13,12 @@ not its speed:
   library serves the next call;
 - on two one-core workers, a call sent while the other worker runs one goes to the idle
   worker, not behind the running call (patch 0020: the library with the most free slots);
-- with both libraries idle, a call goes to the worker a call just came back from (patch
-  0025: that worker is looked at before any walk).
+- a call that finds every slot taken waits at the manager and goes to the first slot that
+  frees; a call for a named worker goes there, waits while that worker is full although
+  another is idle, and a call for a worker that does not exist goes nowhere (patch 0027:
+  the workers that may have a free slot, and the workers by feature, instead of a walk);
+- a worker told to drain is released once its calls end (patch 0027: the look for drained
+  workers only while one is draining).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import pytest
 from datavine.manager.runtime import Runtime
 from datavine.protocol import BundleResult, BundleSpec
 from datavine.scheduler import graph as graphs
+from tests.bare_manager import manager_with_workers, until
 from tests.conftest import started_library
 
 
@@ -179,18 +184,50 @@ def test_a_call_goes_to_the_idle_worker_not_behind_a_running_one(
         assert done[first].pid != got[second].pid, "both calls ran in the same library"
 
 
-def test_a_call_goes_first_to_the_worker_whose_library_just_freed_a_slot(
-        two_workers: Runtime) -> None:
-    """Patch 0025: with both libraries idle, a call goes to the worker a call just came back
-    from (a busy pool's one idle library), looked at before any walk. Each worker in turn:
-    a call pinned to it comes back, then a free call goes there too; the walk alone would
-    take its first worker both times."""
+def pinned(rt: Runtime, seconds: float, mark: Path, worker: str | None) -> int:
+    """A capped call that sleeps ``seconds`` on ``worker`` (None: anywhere)."""
+    return rt.submit_bundle(payload(rt, sleep_then_mark, seconds, str(mark)), 500.0, (), None,
+                            features=[f"worker:{worker}"] if worker else ())
+
+
+def test_a_call_waits_for_a_slot_and_takes_the_first_that_frees(
+        two_workers: Runtime, tmp_path: Path) -> None:
+    """Patch 0027: every slot taken (two per one-core worker), a call waits at the manager;
+    when a slot on local-0 frees it goes there, and comes back while local-1's calls still
+    run. A call for local-1 waits for local-1 although local-0 is idle by then; a call for a
+    worker that does not exist stays waiting."""
     rt, results = two_workers, Results(two_workers)
-    for name in ("local-0", "local-1"):
-        pinned = rt.submit_bundle(payload(rt, os.getpid), 500.0, (), None,
-                                  features=[f"worker:{name}"])
-        got = results.wait_for({pinned}, 30)
-        assert pinned in got and got[pinned].ok and got[pinned].worker == name, got
-        free = rt.submit_bundle(payload(rt, os.getpid), 500.0, (), None)
-        after = results.wait_for({free}, 30)
-        assert free in after and after[free].worker == name, (name, after)
+    short = {pinned(rt, 3.0, tmp_path / f"short-{i}", "local-0") for i in range(2)}
+    long = {pinned(rt, 30.0, tmp_path / f"long-{i}", "local-1") for i in range(2)}
+    assert results.until(lambda: all(rt.call_state(c) == "RUNNING" for c in short | long), 30)
+    waiting = pinned(rt, 0.0, tmp_path / "waiting", None)
+    for_busy = pinned(rt, 0.0, tmp_path / "for-busy", "local-1")
+    nowhere = pinned(rt, 0.0, tmp_path / "nowhere", "no-such-worker")
+    results.turn()
+    assert rt.call_state(waiting) == "READY", "a call was sent to a library with no free slot"
+    got = results.wait_for(short | {waiting}, 30)
+    assert waiting in got and got[waiting].ok and got[waiting].worker == "local-0", got
+    assert all(rt.call_state(c) == "RUNNING" for c in long)
+    results.turn()
+    assert rt.call_state(for_busy) == "READY", "a call for local-1 was sent elsewhere"
+    assert rt.call_state(nowhere) == "READY", "a call for no existing worker was sent"
+    for call in (*long, for_busy, nowhere):
+        rt.cancel(call)
+
+
+def test_a_worker_told_to_drain_is_released_when_its_tasks_end(tmp_path: Path) -> None:
+    """Patch 0027 looks for drained workers only while one drains: both workers (one host)
+    told to drain while a task runs are released once it has come back. (A worker running
+    a library never drains: the library is a task it runs, in stock TaskVine too.)"""
+    with manager_with_workers(tmp_path, 2) as rt:
+        manager, vine = rt.manager, rt.taskvine.vine
+        task = vine.Task("sleep 2")
+        task.set_cores(1)
+        manager.submit(task)
+        assert until(lambda: manager.wait(1) is None and manager.stats.tasks_running == 1, 30)
+        assert manager.set_draining_by_hostname(os.uname().nodename, True) == 2
+        done = manager.wait(30)
+        assert done is not None and done.successful(), "the task on a draining worker failed"
+        assert until(lambda: manager.wait(1) is None and manager.stats.workers_connected == 0,
+                     30), (
+            f"{manager.stats.workers_connected} drained workers were never released")

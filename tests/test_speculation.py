@@ -25,6 +25,7 @@ from datavine.scheduler.speculation import (
     choose,
     late,
     outrun_s,
+    worth_copying,
 )
 from tests.test_run_state import CFG, Pool, of
 
@@ -115,6 +116,35 @@ def test_a_workers_pace_is_the_median_of_its_last_bundles() -> None:
     assert pace.of("w1") == 3.0
     pace.observe("w1", 1.0, None)  # cost unknown: not counted
     assert pace.of("w1") == 3.0 and pace.of("w2") == 1.0
+
+
+calls = st.builds(OutCall, st.integers(1, 5), st.sampled_from(["w1", "w2"]), st.booleans(),
+                  st.one_of(st.none(), st.floats(0.0, 10.0)),
+                  st.one_of(st.none(), st.floats(0.01, 5.0)), st.none(),
+                  st.floats(0.5, 4.0), st.booleans())
+idle_workers = st.lists(st.builds(IdleWorker, st.sampled_from(["w2", "w3", "w4"]), st.none(),
+                                  st.integers(1, 2), st.floats(0.5, 4.0)), max_size=3)
+
+
+@given(st.lists(calls, max_size=4), idle_workers, st.floats(0.0, 12.0))
+def test_a_look_whose_calls_are_not_worth_copying_chooses_nothing(
+        out: list[OutCall], idle: list[IdleWorker], now: float) -> None:
+    """The pre-check that spares a look the list of idle workers never hides a copy
+    choose would start: with none worth copying at the fastest pace, none is chosen."""
+    fastest = min([1.0, *(w.pace for w in idle)])
+    if not any(worth_copying(c, now, fastest, late_factor=2.0, late_slack_s=0.2) for c in out):
+        assert choose(out, idle, now, late_factor=2.0, late_slack_s=0.2) == []
+
+
+def test_the_fastest_pace_is_the_fastest_measured_worker_or_the_common_one() -> None:
+    pace = WorkerPace(keep=3, min_samples=2)
+    assert pace.fastest() == 1.0
+    for ran in (0.5, 0.6):
+        pace.observe("quick", ran, 1.0)
+    for ran in (3.0, 3.0):
+        pace.observe("slow", ran, 1.0)
+    assert pace.of("quick") == 0.55 and pace.fastest() == 0.55
+    assert WorkerPace(min_samples=1).fastest() == 1.0
 
 
 def test_lanes_start_the_next_call_when_one_ends() -> None:

@@ -21,7 +21,14 @@ from datavine.scheduler.intermediates import Plan
 from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.run_messages import CallDone, Instruction, Withdraw
 from datavine.scheduler.run_parts import RunParts
-from datavine.scheduler.speculation import Lanes, OutCall, choose, late, outrun_s
+from datavine.scheduler.speculation import (
+    Lanes,
+    OutCall,
+    choose,
+    late,
+    outrun_s,
+    worth_copying,
+)
 from datavine.scheduler.topology import Target
 
 Key = Hashable
@@ -83,10 +90,14 @@ class BackupCopies(RunParts):
             out.append(OutCall(call, worker, queued, self.lanes.began.get(call),
                                self._expected(entry.bundle), self._files_rack(entry.bundle),
                                pace.of(worker), through_slow))
+        after, slack = self.cfg.speculation_after, self.cfg.speculation_slack_s
+        fastest = pace.fastest()
+        if not any(worth_copying(c, now, fastest, late_factor=after, late_slack_s=slack)
+                   for c in out):
+            return  # (the idle workers, a walk over every worker, are not needed)
         racks = {w.id: w.rack for w in self.learned.topology.workers.values()}
         for chosen, worker in choose(out, self.lanes.idle(racks, pace.of), now,
-                                     late_factor=self.cfg.speculation_after,
-                                     late_slack_s=self.cfg.speculation_slack_s)[:free]:
+                                     late_factor=after, late_slack_s=slack)[:free]:
             self._copy(chosen, worker)
 
     def _behind_late(self, worker: str, now: float) -> bool:

@@ -78,6 +78,15 @@ def outrun_s(call: OutCall, now: float, copy_pace: float) -> float:
     return own_end - (now + copy_pace * call.expected_s)
 
 
+def worth_copying(call: OutCall, now: float, fastest_pace: float, *, late_factor: float,
+                  late_slack_s: float) -> bool:
+    """Whether :func:`choose` could pick ``call`` with an idle worker of ``fastest_pace`` or
+    slower (pure): it waits, reads through a slow shard, is late, or would be outrun. A look
+    whose calls are none of these needs no list of the idle workers."""
+    return (call.queued or call.slow_shard or late(call, now, late_factor, late_slack_s)
+            or outrun_s(call, now, fastest_pace) > late_slack_s)
+
+
 def choose(out: Iterable[OutCall], idle: Sequence[IdleWorker], now: float, *,
            late_factor: float, late_slack_s: float) -> list[tuple[OutCall, str]]:
     """Copies to start now: (call, the worker to run its copy), at most one per idle core.
@@ -134,6 +143,9 @@ class WorkerPace:
         self.keep = keep
         self.min_samples = min_samples
         self._ratios: dict[str, deque[float]] = {}
+        # each worker's pace, worked out as a bundle comes back: a look for backup copies
+        # asks for every worker's, several times a second
+        self._paces: dict[str, float] = {}
 
     def observe(self, worker: str, ran_s: float, expected_s: float | None) -> None:
         """A bundle expected to take ``expected_s`` ran ``ran_s`` on ``worker``."""
@@ -143,12 +155,16 @@ class WorkerPace:
         if ratios is None:
             ratios = self._ratios[worker] = deque(maxlen=self.keep)
         ratios.append(ran_s / expected_s)
+        if len(ratios) >= self.min_samples:
+            self._paces[worker] = statistics.median(ratios)
 
     def of(self, worker: str) -> float:
-        ratios = self._ratios.get(worker)
-        if ratios is None or len(ratios) < self.min_samples:
-            return 1.0
-        return statistics.median(ratios)
+        return self._paces.get(worker, 1.0)
+
+    def fastest(self) -> float:
+        """The fastest pace of any worker (1.0 for one not measured yet): no idle worker's
+        copy can be faster."""
+        return min(1.0, min(self._paces.values(), default=1.0))
 
 
 class Lanes:
