@@ -244,6 +244,20 @@ def test_a_task_names_the_pieces_it_reads() -> None:
     assert task_pieces(Task("k", print, ("/data/a.root", "x", 3))) == ()
 
 
+def test_each_tasks_pieces_are_found_once() -> None:
+    from dask._task_spec import Task
+
+    from datavine.scheduler.pieces import PiecesOf
+
+    nodes = {"a": Task("a", agc.process_item, agc.Chunk("/data/a.root", 0, 100)),
+             "b": Task("b", print, 1)}
+    pieces_of = PiecesOf(nodes)
+    first = pieces_of("a")
+    assert first == ("/data/a.root@0-100",) and pieces_of("b") == ()
+    nodes["a"] = Task("a", agc.process_item, agc.Chunk("/data/other.root", 0, 1))
+    assert pieces_of("a") is first  # not searched again: a run's tasks do not change
+
+
 def test_a_worker_holding_other_pieces_of_a_file_is_not_cached_for_this_one() -> None:
     from datavine.scheduler.placement import TaskInputs, Tier, WorkerView, score
 

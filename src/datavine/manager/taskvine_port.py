@@ -69,13 +69,18 @@ STATS_FOR_S = 0.01  # a look at TaskVine's statistics serves this long (one pool
 def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
     """TaskVine settings that declare a silent worker lost within ``worker_timeout_s`` (pure).
 
-    A keep-alive check goes to a worker that sent nothing for a third of the bound, and it is
-    removed when the check stays unanswered for the rest; a read from a worker that has
-    started to answer (TaskVine's ``long-timeout``, 3600 s by default, during which the
-    manager serves no one else) gives up after a third of it."""
+    A keep-alive check goes to a worker that sent nothing for two thirds of the bound, and it
+    is removed when the check stays unanswered for the rest (a third: a worker answers a
+    check from its main loop at once). The bound is the same as with checks after a third
+    and two thirds to answer, with half as many checks: a worker running a bundle longer
+    than the interval is asked once per interval, and at 256 workers the checks were most
+    of an idle pool's cost to the manager (benchmarks/README.md, workers). A read from a
+    worker that has started to answer (TaskVine's ``long-timeout``, 3600 s by default,
+    during which the manager serves no one else) gives up after a third of it."""
     third = max(1, int(worker_timeout_s / 3))
-    return {"keepalive-interval": third,
-            "keepalive-timeout": max(1, int(worker_timeout_s) - third),
+    answer = max(1, third)
+    return {"keepalive-interval": max(1, int(worker_timeout_s) - answer),
+            "keepalive-timeout": answer,
             "long-timeout": max(2, third)}
 
 

@@ -23,7 +23,7 @@ from collections.abc import Hashable
 from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.held import Held, HeldBundles
-from datavine.scheduler.pieces import task_pieces
+from datavine.scheduler.pieces import PiecesOf
 from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
 from datavine.scheduler.topology import Target, Topology
 
@@ -47,6 +47,7 @@ class Dispatcher:
         self.shardmap = shardmap
         self.health = health
         self.bundles_per_slot = bundles_per_slot
+        self.pieces_of = PiecesOf(planner.graph.nodes)  # each task's pieces, found once
         self.held = HeldBundles()
         self.newly_held: list[Bundle] = []
         self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
@@ -152,8 +153,8 @@ class Dispatcher:
             return held.task, held.home
         lfns = tuple(dict.fromkeys(logical_name(f) for f in bundle.files))
         shards = {f: self.shard_now(f, now) for f in lfns} if self.shardmap else {}
-        nodes = self.planner.graph.nodes  # the ranges workers' column caches hold
-        pieces = tuple(dict.fromkeys(p for k in bundle.keys for p in task_pieces(nodes[k])))
+        pieces_of = self.pieces_of  # the ranges workers' column caches hold
+        pieces = tuple(dict.fromkeys(p for k in bundle.keys for p in pieces_of(k)))
         task = TaskInputs(lfns, {f: s.rack if s else None for f, s in shards.items()},
                           {f: self.topology.shard_host(s) if s else None
                            for f, s in shards.items()}, pieces)

@@ -13,7 +13,7 @@ shallow and bounded, as :mod:`datavine.scheduler.inputs`' is. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import TypeGuard
 
 from dask._task_spec import DataNode, GraphNode, Task, TaskRef
@@ -22,7 +22,7 @@ from datavine.io.column_cache import marker_name, piece_name
 from datavine.io.shards import logical_name
 from datavine.scheduler.inputs import looks_like_input
 
-__all__ = ["marker_name", "piece_name", "task_entries", "task_pieces"]
+__all__ = ["PiecesOf", "marker_name", "piece_name", "task_entries", "task_pieces"]
 
 _MAX_DEPTH = 4
 _MAX_ITEMS = 64
@@ -32,6 +32,22 @@ def task_pieces(node: GraphNode) -> tuple[str, ...]:
     """The pieces the task will read, in argument order, without duplicates."""
     return tuple(dict.fromkeys(piece_name(logical_name(path), start, stop)
                                for path, start, stop in _ranges(node)))
+
+
+class PiecesOf:
+    """Each task's pieces (:func:`task_pieces`), found once per task: placement asks for a
+    bundle's, the planner for a ready task's holder, speculation for a call's, and each
+    look walks the task's arguments."""
+
+    def __init__(self, nodes: Mapping[Hashable, GraphNode]) -> None:
+        self._nodes = nodes
+        self._found: dict[Hashable, tuple[str, ...]] = {}
+
+    def __call__(self, key: Hashable) -> tuple[str, ...]:
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = task_pieces(self._nodes[key])
+        return found
 
 
 def task_entries(node: GraphNode) -> int | None:

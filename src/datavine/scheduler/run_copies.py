@@ -18,7 +18,6 @@ from datavine.protocol import BundleResult
 from datavine.scheduler.bundling import Bundle
 from datavine.scheduler.inflight import Inflight
 from datavine.scheduler.intermediates import Plan
-from datavine.scheduler.pieces import task_pieces
 from datavine.scheduler.run_messages import CallDone, Instruction, Withdraw
 from datavine.scheduler.run_parts import RunParts
 from datavine.scheduler.speculation import (
@@ -119,7 +118,7 @@ class BackupCopies(RunParts):
         if known is None or not bundle.files:
             return False
         return any(piece in known.files_read for key in bundle.keys
-                   for piece in task_pieces(self.graph.nodes[key]))
+                   for piece in self.dispatch.pieces_of(key))
 
     def _expected(self, bundle: Bundle) -> float | None:
         """The bundle's expected run time from its tasks' measured costs (None: unknown)."""

@@ -58,7 +58,7 @@ from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
 from datavine.scheduler.longest_first import longest_first
 from datavine.scheduler.once import FirstSeen
-from datavine.scheduler.pieces import task_entries, task_pieces
+from datavine.scheduler.pieces import task_entries
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.run_copies import BackupCopies, speculate_every
 from datavine.scheduler.run_failures import FailedCalls, shown, task_error
@@ -112,7 +112,6 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                                priority=self._order(graph) if cfg.longest_first else None,
                                holder=self._holder if learned.memory is None else None,
                                light=self._light)
-        self._pieces: dict[Key, tuple[str, ...]] = {}
         if learned.memory is not None:  # caps leave the column caches their room
             learned.memory.cache_share = cfg.column_cache_share if cfg.column_cache else 0.0
             learned.memory.cache_mb = cfg.column_cache_mb
@@ -323,9 +322,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         on the order they are read in; grouped, the scale test's hits fell from ~0.70 to
         ~0.61 and its time did not improve (benchmarks/SCALETEST.md), while uncapped it ran
         ~17% faster with every piece a hit."""
-        pieces = self._pieces.get(key)
-        if pieces is None:
-            pieces = self._pieces[key] = task_pieces(self.graph.nodes[key])
+        pieces = self.dispatch.pieces_of(key)
         return self.learned.topology.holder(pieces) if pieces else None
 
     def _light(self, key: Key) -> bool:
