@@ -67,6 +67,23 @@ def test_the_log_names_tasks_put_back_with_or_without_a_new_attempt(tmp_path: Pa
     assert log.requeued(3.0) == []  # after its DONE: as new
 
 
+def test_a_tail_gives_the_matching_lines_once_they_are_whole(tmp_path: Path) -> None:
+    import re
+
+    from datavine.io.tail import LineTail
+
+    path = tmp_path / "log"
+    tail = LineTail(path)
+    ready = re.compile(rb"^\d+ READY[^\n]*$", re.MULTILINE)
+    assert tail.matching(ready) == []  # no file yet
+    path.write_bytes(b"1 READY a\n2 RUNNING a\n3 READY b")  # the last line half written
+    assert tail.matching(ready) == [b"1 READY a"]
+    with open(path, "ab") as f:
+        f.write(b"b\n4 READY c\n")
+    assert tail.matching(ready) == [b"3 READY bb", b"4 READY c"]
+    assert tail.matching(ready) == [] and tail.lines() == []
+
+
 def test_library_logs_find_a_traceback_written_in_pieces(tmp_path: Path) -> None:
     logs = LibraryLogs()
     assert logs.failures(tmp_path / "not-yet") == []  # TaskVine makes the folder later

@@ -13,6 +13,7 @@ library "sent" and never started is seen by :class:`datavine.scheduler.network.N
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from datavine.scheduler.network import (
 
 _LIBRARY_STATES = {b"SENT": LIBRARY_SENT, b"STARTED": LIBRARY_STARTED,
                    b"FAILURE": LIBRARY_ENDED}
+# the lines read here: workers, libraries, a task's READY and DONE (of its six lines)
+_READ_LINES = re.compile(rb"^\d+ \d+ (?:WORKER|LIBRARY|TASK \d+ (?:READY|DONE)) [^\n]*$",
+                         re.MULTILINE)
 
 
 def _fields(line: bytes) -> list[bytes]:
@@ -97,9 +101,7 @@ class LibraryLog:
         if now == self._read_at:
             return self.states
         self._read_at = now
-        for line in self._tail.lines():
-            if b" TASK " in line and b" DONE " not in line and b" READY " not in line:
-                continue  # a task's other states (5 lines a call): nothing read here
+        for line in self._tail.matching(_READ_LINES):  # not a task's other states
             fields = _fields(line)  # split once for both readings
             event = _library_event(fields)
             if event is not None:
