@@ -16,7 +16,8 @@ not its speed:
 - a call that finds every slot taken waits at the manager and goes to the first slot that
   frees; a call for a named worker goes there, waits while that worker is full although
   another is idle, and a call for a worker that does not exist goes nowhere (patch 0027:
-  the workers that may have a free slot, and the workers by feature, instead of a walk);
+  the workers that may have a free slot, and the workers by feature, instead of a walk); a
+  task for the feature of a worker that left waits for the next worker with it;
 - a worker told to drain is released once its calls end (patch 0027: the look for drained
   workers only while one is draining).
 """
@@ -32,10 +33,11 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from datavine.deploy.sessions import stop_session
 from datavine.manager.runtime import Runtime
 from datavine.protocol import BundleResult, BundleSpec
 from datavine.scheduler import graph as graphs
-from tests.bare_manager import manager_with_workers, until
+from tests.bare_manager import manager_with_workers, one_core_worker, until
 from tests.conftest import started_library
 
 
@@ -213,6 +215,33 @@ def test_a_call_waits_for_a_slot_and_takes_the_first_that_frees(
     assert rt.call_state(nowhere) == "READY", "a call for no existing worker was sent"
     for call in (*long, for_busy, nowhere):
         rt.cancel(call)
+
+
+def test_a_task_for_a_worker_that_left_waits_for_one_with_its_feature(tmp_path: Path) -> None:
+    """Patch 0027's index of the workers by feature follows workers that leave and join: a
+    task for the feature of a worker that left stays waiting (not sent, no crash), and runs
+    on the next worker that has the feature."""
+    with manager_with_workers(tmp_path, 1, features=("site:b",)) as rt:
+        manager, vine = rt.manager, rt.taskvine.vine
+        leaving = one_core_worker(rt, tmp_path / "first", "--feature", "site:a")
+        assert until(lambda: manager.wait(1) is None and rt.connected_workers() == 2, 30)
+        stop_session(leaving.pid)
+        leaving.wait(timeout=10)
+        assert until(lambda: manager.wait(1) is None and rt.connected_workers() == 1, 30)
+        task = vine.Task("true")
+        task.set_cores(1)
+        task.add_feature("site:a")
+        manager.submit(task)
+        for _ in range(3):
+            assert manager.wait(1) is None, "a task for a worker that left ran elsewhere"
+        newcomer = one_core_worker(rt, tmp_path / "again", "--feature", "site:a")
+        try:
+            done = manager.wait(30)
+            assert done is not None and done.successful(), "the new site:a worker never took it"
+            assert "site:a" in str([w.get("features") for w in manager.status("workers") or ()])
+        finally:
+            stop_session(newcomer.pid)
+            newcomer.wait(timeout=10)
 
 
 def test_a_worker_told_to_drain_is_released_when_its_tasks_end(tmp_path: Path) -> None:
