@@ -80,9 +80,15 @@ class Results:
         return {c: self.got[c] for c in calls if c in self.got}
 
 
+def pinned(rt: Runtime, seconds: float, mark: Path, worker: str | None) -> int:
+    """A capped call that sleeps ``seconds`` on ``worker`` (None: anywhere)."""
+    return rt.submit_bundle(payload(rt, sleep_then_mark, seconds, str(mark)), 500.0, (), None,
+                            features=[f"worker:{worker}"] if worker else ())
+
+
 def submit(rt: Runtime, seconds: float, mark: Path) -> int:
     """A capped call that sleeps ``seconds``, then leaves ``mark``."""
-    return rt.submit_bundle(payload(rt, sleep_then_mark, seconds, str(mark)), 500.0, (), None)
+    return pinned(rt, seconds, mark, None)
 
 
 def one_behind_another(rt: Runtime, results: Results, tmp_path: Path,
@@ -184,12 +190,6 @@ def test_a_call_goes_to_the_idle_worker_not_behind_a_running_one(
             "while the other worker was idle (patch 0020)")
         done = results.wait_for({first}, 30)
         assert done[first].pid != got[second].pid, "both calls ran in the same library"
-
-
-def pinned(rt: Runtime, seconds: float, mark: Path, worker: str | None) -> int:
-    """A capped call that sleeps ``seconds`` on ``worker`` (None: anywhere)."""
-    return rt.submit_bundle(payload(rt, sleep_then_mark, seconds, str(mark)), 500.0, (), None,
-                            features=[f"worker:{worker}"] if worker else ())
 
 
 def test_a_call_waits_for_a_slot_and_takes_the_first_that_frees(

@@ -78,9 +78,8 @@ def silence_tunes(worker_timeout_s: float) -> dict[str, int]:
     worker that has started to answer (TaskVine's ``long-timeout``, 3600 s by default,
     during which the manager serves no one else) gives up after a third of it."""
     third = max(1, int(worker_timeout_s / 3))
-    answer = max(1, third)
-    return {"keepalive-interval": max(1, int(worker_timeout_s) - answer),
-            "keepalive-timeout": answer,
+    return {"keepalive-interval": max(1, int(worker_timeout_s) - third),
+            "keepalive-timeout": third,
             "long-timeout": max(2, third)}
 
 

@@ -78,13 +78,26 @@ def outrun_s(call: OutCall, now: float, copy_pace: float) -> float:
     return own_end - (now + copy_pace * call.expected_s)
 
 
+def copy_kind(call: OutCall, now: float, fastest_pace: float, *, late_factor: float,
+              late_slack_s: float) -> str | None:
+    """Why :func:`choose` may copy ``call`` with an idle worker of ``fastest_pace`` or slower
+    (pure): ``"queued"`` (it waits behind another), ``"late"`` (past its bound, or reading
+    through a shard found slow), ``"outrun"`` (a copy would end sooner); None: no copy."""
+    if call.queued:
+        return "queued"
+    if call.slow_shard or late(call, now, late_factor, late_slack_s):
+        return "late"
+    if outrun_s(call, now, fastest_pace) > late_slack_s:
+        return "outrun"
+    return None
+
+
 def worth_copying(call: OutCall, now: float, fastest_pace: float, *, late_factor: float,
                   late_slack_s: float) -> bool:
-    """Whether :func:`choose` could pick ``call`` with an idle worker of ``fastest_pace`` or
-    slower (pure): it waits, reads through a slow shard, is late, or would be outrun. A look
-    whose calls are none of these needs no list of the idle workers."""
-    return (call.queued or call.slow_shard or late(call, now, late_factor, late_slack_s)
-            or outrun_s(call, now, fastest_pace) > late_slack_s)
+    """Whether :func:`choose` could copy ``call`` (:func:`copy_kind`): a look whose calls
+    are none of these needs no list of the idle workers."""
+    return copy_kind(call, now, fastest_pace, late_factor=late_factor,
+                     late_slack_s=late_slack_s) is not None
 
 
 def choose(out: Iterable[OutCall], idle: Sequence[IdleWorker], now: float, *,
@@ -102,18 +115,17 @@ def choose(out: Iterable[OutCall], idle: Sequence[IdleWorker], now: float, *,
         return []
     racks = {w.worker: w.rack for w in idle}
     paces = {w.worker: w.pace for w in idle}
-    out = list(out)
-    queued = sorted((c for c in out if c.queued),
-                    key=lambda c: (-(c.expected_s or 0.0), c.call))
-    stragglers = sorted((c for c in out if not c.queued and (
-                            c.slow_shard or late(c, now, late_factor, late_slack_s))),
+    fastest = min(paces.values())
+    kinds: dict[str, list[OutCall]] = {"queued": [], "late": [], "outrun": []}
+    for c in out:
+        kind = copy_kind(c, now, fastest, late_factor=late_factor, late_slack_s=late_slack_s)
+        if kind is not None:
+            kinds[kind].append(c)
+    queued = sorted(kinds["queued"], key=lambda c: (-(c.expected_s or 0.0), c.call))
+    stragglers = sorted(kinds["late"],
                         key=lambda c: (-(now - (c.began or now)) / (c.expected_s or 1.0),
                                        c.call))
-    fastest = min(paces.values())
-    taken = {c.call for c in (*queued, *stragglers)}
-    outrun = sorted((c for c in out if c.call not in taken
-                     and outrun_s(c, now, fastest) > late_slack_s),
-                    key=lambda c: (-outrun_s(c, now, fastest), c.call))
+    outrun = sorted(kinds["outrun"], key=lambda c: (-outrun_s(c, now, fastest), c.call))
     chosen: list[tuple[OutCall, str]] = []
     for kind, calls in (("queued", queued), ("late", stragglers), ("outrun", outrun)):
         for call in calls:
