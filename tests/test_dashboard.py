@@ -386,6 +386,36 @@ def test_pool_records_name_the_workers_only_when_they_changed(tmp_path: Path) ->
     assert {w.id: w.state for w in board.workers.values()} == {"a2": "idle", "b2": "lost"}
 
 
+def test_pool_records_after_a_runs_first_say_only_which_calls_moved(tmp_path: Path) -> None:
+    """A run's first pool record places every call; the next ones name only the calls
+    placed, moved or gone since, and the view folds them to the places of the full lists."""
+    from datavine.scheduler.run_messages import PoolSample
+
+    sink = ev.EventSink(tmp_path / "e.jsonl")
+    a2 = KnownWorker("a2", "A", cores=2, named=True, addrport="a2.box:9000", host="a2.box")
+    b2 = KnownWorker("b2", "B", named=True, addrport="b2.box:9000", host="b2.box")
+    places = [{1: "a2.box:9000", 2: "b2.box:9000"},
+              {1: "a2.box:9000", 2: "b2.box:9000", 3: "a2.box:9000"},  # 3 placed
+              {2: "a2.box:9000", 3: "a2.box:9000"},  # 1 done, 2 moved
+              {}]  # all done
+    board = Board().apply_all(records(
+        {"k": "run", "run": 1, "tasks": 3, "files": {}, "shards": SHARDS}))
+    for where in places:
+        sink.pool(PoolSample(0.0, 2, 3, {}, where=where), [a2, b2])
+    sink.close()
+    pools = [r for r in ev.read_events(tmp_path / "e.jsonl") if r["k"] == "pool"]
+    assert [r.get("calls") for r in pools] == [[[1, "a2.box:9000"], [2, "b2.box:9000"]],
+                                               None, None, None]
+    assert [(r.get("placed"), r.get("unplaced")) for r in pools[1:]] == [
+        ([[3, "a2.box:9000"]], None), ([[2, "a2.box:9000"]], [1]), (None, [2, 3])]
+    running = []
+    for record in pools:
+        board.apply_all(records(record))
+        running.append({w.id: w.running for w in board.workers.values()})
+    assert running == [{"a2": 1, "b2": 1}, {"a2": 2, "b2": 1}, {"a2": 2, "b2": 0},
+                       {"a2": 0, "b2": 0}]
+
+
 def test_a_look_remakes_the_pool_rows_only_when_a_worker_or_library_changed(
         tmp_path: Path) -> None:
     """The driver's looks reuse the libraries' mapping until a library changes (the runtime

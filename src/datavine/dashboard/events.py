@@ -4,8 +4,9 @@
 (:class:`datavine.manager.execution.GraphRun`) publishes through: the run started (its tasks,
 the files they read, the shards), a bundle was sent, a bundle came back (its status, worker,
 memory peak, the bytes of each read and from which server), the pool (about once a second:
-the calls each runs, and the workers and their libraries when they changed since the last pool
-record: at 256 workers the list was most of the record's cost, and it rarely changes) and the
+where the calls run, and the workers and their libraries: each only as far as it changed
+since the last pool record, after a run's first: at 256 workers the full lists were most of
+a record's cost, written every second, and few of their entries change in a second) and the
 run ended (its summary's figures).
 Each becomes one JSON line appended to a file (``events.jsonl`` in the cluster's run
 directory), flushed at most every :data:`FLUSH_S` and at every pool record, so the view lags
@@ -129,6 +130,7 @@ class EventSink(NullSink):
         # what those rows were made of (see pool): the workers' fields, the libraries
         self._pool_key: tuple[list[tuple[object, ...]], Mapping[str, LibraryState] | None] = \
             ([], None)
+        self._where: dict[int, str] | None = None  # where the last pool record put the calls
         self.here = socket.gethostname()  # what a shard on loopback stands for
         self.emit({"k": "hello", "pid": os.getpid(), "version": VERSION}, flush=True)
 
@@ -138,6 +140,7 @@ class EventSink(NullSink):
         self._runs += 1
         self._tasks.clear()
         self._pool_rows = None  # each run's first pool record names every worker
+        self._where = None  # ... and every call's place
         self.emit(run_record(self._runs, len(graph), file_tasks(graph.nodes, files_of),
                              shard_places(shardmap, self.here)), flush=True)
 
@@ -189,11 +192,21 @@ class EventSink(NullSink):
 
     def _emit_pool(self, record: PoolRecord) -> None:
         """A pool record, without its workers when they are those of the last one (the
-        reader keeps the last list it read)."""
+        reader keeps the last list it read), and with only the calls whose place changed
+        since the last one of the run (:func:`calls_changed`)."""
         if record["workers"] == self._pool_rows:
             del record["workers"]
         else:
             self._pool_rows = record["workers"]
+        where = dict(record["calls"])
+        if self._where is not None:
+            del record["calls"]
+            placed, unplaced = calls_changed(self._where, where)
+            if placed:
+                record["placed"] = placed
+            if unplaced:
+                record["unplaced"] = unplaced
+        self._where = where
         self.emit(record, flush=True)
 
     def run_ended(self, summary: RunSummary) -> None:
@@ -323,6 +336,14 @@ def pool_record_of(rows: list[PoolWorker], where: Mapping[int, str],
     return {"k": "pool", "workers": rows, "calls": list(where.items()),
             "queued": queued, "gone": sorted(gone), "lost": sorted(lost),
             "connected": connected, "cores": cores}
+
+
+def calls_changed(before: Mapping[int, str], now: Mapping[int, str]
+                  ) -> tuple[list[tuple[int, str]], list[int]]:
+    """What a pool record says of the calls' places after one that said ``before``: the
+    calls placed or moved since (``[call, address]``), and those no longer placed (pure)."""
+    placed = [(call, addr) for call, addr in now.items() if before.get(call) != addr]
+    return placed, sorted(before.keys() - now.keys())
 
 
 def end_record(run: int, summary: RunSummary) -> EndRecord:

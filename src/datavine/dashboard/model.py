@@ -273,6 +273,7 @@ class Board:
         self.bin_s = bin_s
         self.workers: dict[str, WorkerRow] = {}
         self._pool_workers: list[PoolWorker] = []  # the workers of the last pool record
+        self._where: dict[int, str] = {}  # each placed call's worker, as pool records said
         self.by_addr: dict[str, str] = {}
         self.runs: list[RunFold] = []
         self.pids: dict[str, int] = {}  # local workers' PIDs (their memory is read here)
@@ -324,6 +325,7 @@ class Board:
             self.workers.setdefault(name, WorkerRow(name))
 
     def _run(self, r: RunRecord, t: float) -> None:
+        self._where.clear()  # a run's first pool record places its calls again
         self.runs.append(RunFold(int(r.get("run", len(self.runs) + 1)), t,
                                  tasks=int(r.get("tasks", 0)), files=dict(r.get("files", {})),
                                  shards=dict(r.get("shards", {})), bins=Bins(self.bin_s),
@@ -420,7 +422,14 @@ class Board:
 
     def _pool(self, r: PoolRecord, t: float) -> None:
         run = self.run
-        calls = r.get("calls", [])
+        placed = self._where
+        if "calls" in r:  # every call's place (a run's first record)
+            placed.clear()
+            placed.update((int(call), addr) for call, addr in r["calls"])
+        for call in r.get("unplaced", ()):
+            placed.pop(int(call), None)
+        placed.update((int(call), addr) for call, addr in r.get("placed", ()))
+        calls = list(placed.items())
         running = Counter(addr for _, addr in calls)
         caps: dict[str, float] = {}
         if run is not None:

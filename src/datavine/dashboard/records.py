@@ -109,13 +109,17 @@ class PoolWorker(TypedDict):
 class PoolRecord(TypedDict):
     """The pool: its workers (left out when they are those of the sink's last pool record:
     the reader keeps the last list), each running call's worker address
-    (``[call, address]``), calls waiting, workers that left or were lost, connected workers
-    and their cores."""
+    (``calls``: ``[call, address]``, in a run's first pool record; after it only what
+    changed: ``placed``, the calls placed or moved since the last record, and ``unplaced``,
+    those no longer placed), calls waiting, workers that left or were lost, connected
+    workers and their cores."""
 
     k: Literal["pool"]
     t: NotRequired[float]
     workers: NotRequired[list[PoolWorker]]
-    calls: list[tuple[int, str]]
+    calls: NotRequired[list[tuple[int, str]]]
+    placed: NotRequired[list[tuple[int, str]]]
+    unplaced: NotRequired[list[int]]
     queued: int
     gone: list[str]
     lost: list[str]

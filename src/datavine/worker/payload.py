@@ -161,6 +161,10 @@ class BundleEncoder:
         self.run = os.urandom(8)  # names this run's objects on the workers
         # id -> (the object, kept so its id is not reused, its number, its pickle)
         self._known: dict[int, tuple[object, int, bytes]] = {}
+        # one pickler for the run, its memo cleared between bundles: making one per bundle
+        # (cloudpickle's dispatch setup, a buffer) was a third of a payload's cost
+        self._out = io.BytesIO()
+        self._pickler = _Pickler(self._out, self)
 
     def reduce(self, obj: object) -> tuple[object, tuple[bytes, int, bytes]]:
         """The reduction that stands for ``obj`` in a payload: :func:`shared` of its
@@ -172,9 +176,18 @@ class BundleEncoder:
         return shared, (self.run, entry[1], entry[2])
 
     def dumps(self, record: Mapping[str, object]) -> bytes:
-        """The payload of a bundle's encoded spec (``BundleSpec.encode()``)."""
-        out = io.BytesIO()
-        _Pickler(out, self).dump(record)
+        """The payload of a bundle's encoded spec (``BundleSpec.encode()``): a pickle of its
+        own (nothing refers to an earlier bundle's)."""
+        out, pickler = self._out, self._pickler
+        out.seek(0)
+        out.truncate()
+        pickler.clear_memo()
+        pickler.globals_ref = {}  # cloudpickle's, for functions pickled by value (none here)
+        try:
+            pickler.dump(record)
+        except BaseException:
+            self._pickler = _Pickler(out, self)  # a dump cut short leaves nothing behind
+            raise
         return out.getvalue()
 
     @property
