@@ -42,10 +42,14 @@
   ``tests/test_auth_attacks.py``, ``tests/test_silent_clients.py`` and
   ``tests/test_tls_verify.py``; ``0021`` (peer transfers without Nagle's algorithm):
   ``tests/test_peer_transfers.py``.
-- ``0022``-``0024`` (the manager's writes): ``tests/test_taskvine_writes.py``.
+- ``0022``-``0024`` and ``0028`` (the manager's writes): ``tests/test_taskvine_writes.py``.
 - ``0025``-``0027`` (where a function call goes without a walk over every worker; links read
   ahead, drained workers): ``tests/test_library_queue.py``; the read-ahead links: the
   hello read with the password exchange, below.
+- ``0029``: the worker's kill of a task reaches its process though the process is not the
+  leader of a group (a loaded host could exec it before the worker made its group, and a
+  library killed while it started then held its worker in ``waitpid`` for good): the
+  worker goes on to its next task.
 - Arguments and results of datavine's calls travel as TaskVine buffers
   (:func:`datavine.manager.taskvine_internals.in_memory_calls`): no staging file is made for them.
 """
@@ -507,3 +511,50 @@ def test_a_hello_read_with_the_password_exchange_is_served(tmp_path: Path) -> No
         stop_session(client.pid)
         client.wait(timeout=10)
         rt.close()
+
+
+# a library that never answers, out of the group its worker made for it (the worker's own, as
+# when the worker's setpgid lost the race with its exec), until it is killed
+LIBRARY_OUT_OF_ITS_GROUP = """#!{python}
+import os, time
+os.setpgid(0, os.getpgid(os.getppid()))
+with open({pid_file!r} + ".part", "w") as f:
+    f.write(str(os.getpid()))
+os.rename({pid_file!r} + ".part", {pid_file!r})
+time.sleep(120)
+"""
+
+
+def test_a_library_killed_out_of_its_group_does_not_hold_its_worker(tmp_path: Path) -> None:
+    """0029: a library whose process is not the leader of its own group is killed all the
+    same when the manager cancels it (as TaskVine does to make room for another task, or to
+    remove a library), and its worker runs the next task. Before, the worker
+    sent the kill to the group (none) and blocked in ``waitpid`` until the library ended on
+    its own: seen at 256 workers on 2 cores, where a library was killed before it ran."""
+    import sys
+
+    pid_file = tmp_path / "library.pid"
+    exe = tmp_path / "library_exe"
+    exe.write_text(LIBRARY_OUT_OF_ITS_GROUP.format(python=sys.executable,
+                                                   pid_file=str(pid_file)))
+    exe.chmod(0o755)
+    with manager_with_workers(tmp_path, 1) as rt:
+        vine, m = rt.taskvine.vine, rt.manager
+        library = vine.LibraryTask("exec ./library_exe", "stuck")
+        library.add_input(m.declare_file(str(exe), cache=True), "library_exe")
+        m.install_library(library)
+        m.submit(vine.FunctionCall("stuck", "f"))  # sends the library out
+        started = until(lambda: m.wait(1) is None and pid_file.exists(), 30)
+        assert started, "the library never started"
+        pid = int(pid_file.read_text())
+        assert os.getpgid(pid) != pid  # out of its own group, as the test means
+        (instance,) = [int(t["task_id"]) for t in m.status("tasks")
+                       if t.get("provides_library") == "stuck"]
+        m.cancel_by_task_id(instance)  # the worker is told to kill it, as TaskVine does
+        echo = vine.Task("echo next")
+        m.submit(echo)
+        done = until(lambda: (t := m.wait(1)) is not None and t.id == echo.id, 40)
+        assert done and echo.successful() and echo.output.strip() == "next", (
+            "the worker did not run the next task: it still waits for the killed library")
+        assert until(lambda: not os.path.exists(f"/proc/{pid}") or
+                     "zombie" in Path(f"/proc/{pid}/status").read_text(), 10)

@@ -72,7 +72,10 @@ def library_started() -> dict[str, object]:
     (``kill(-pid, SIGKILL)``) reaches nothing: the worker then blocks in ``waitpid`` until
     the library ends on its own, holding its slots (seen as a run after a timeout waiting
     30 s for a worker, 1 time in 6 on 2 cores). Doing it from the child as well closes the
-    race (the worker waits 3 s after a library's start before it kills it). This is right
+    race (the worker waits 3 s after a library's start before it kills it), once the
+    library's Python runs: at a load of ~100 a library was killed before that (TaskVine
+    patch 0029 makes the group in the worker's child before it execs, and kills the process
+    itself when its group is missing; this stays for a stock TaskVine). This is right
     only because the library is the process the worker started: the runtime has the
     worker's ``sh -c`` exec it (:func:`datavine.manager.runtime.exec_command`); a library
     under a shell that did not exec keeps the shell's group."""
