@@ -42,7 +42,7 @@
   ``tests/test_auth_attacks.py``, ``tests/test_silent_clients.py`` and
   ``tests/test_tls_verify.py``; ``0021`` (peer transfers without Nagle's algorithm):
   ``tests/test_peer_transfers.py``.
-- ``0022``-``0024`` and ``0028`` (the manager's writes): ``tests/test_taskvine_writes.py``.
+- ``0022``-``0024`` (the manager's writes): ``tests/test_taskvine_writes.py``.
 - ``0025``-``0027`` (where a function call goes without a walk over every worker; links read
   ahead, drained workers): ``tests/test_library_queue.py``; the read-ahead links: the
   hello read with the password exchange, below.

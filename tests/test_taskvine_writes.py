@@ -7,14 +7,11 @@ manager and workers:
 - ``0023``: the transactions log's lines go several to a write, whole lines only, and a line
   waits at most 0.1 s while the manager sleeps.
 - ``0024``: a worker sending results is never asked whether it is alive; an idle one is.
-- ``0028``: a result's unlinks and kill go with the next task sent to its worker, in one
-  write; they go alone before the manager sleeps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import re
 import shutil
@@ -87,7 +84,6 @@ def test_a_task_and_its_small_inputs_go_in_one_write(tmp_path: Path) -> None:
         task.add_input(rt.manager.declare_buffer(big), "in")
         large = rt.manager.submit(task)
         out = outputs_of(rt, [*small, large])
-        rt.manager.wait(1)  # the manager sleeps: the last cleanups go out (0028)
         sent = [data for _, data in writes()]
     assert {i: out[i] for i in small} == small
     assert out[large].split()[0] == hashlib.md5(big).hexdigest()
@@ -96,29 +92,6 @@ def test_a_task_and_its_small_inputs_go_in_one_write(tmp_path: Path) -> None:
         assert "put buffer-" in described.split(f"task {task_id}\\n")[0], described[:300]
         (killed,) = [d for d in sent if f"kill {task_id}\\n" in d]
         assert killed.startswith("unlink buffer-"), killed
-
-
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is missing")
-def test_a_results_cleanup_goes_with_the_next_task_to_its_worker(tmp_path: Path) -> None:
-    """0028: a result's unlink and kill wait for the next write to its worker: the next
-    task, sent as soon as the result is in, carries them in one write (before it, in order);
-    the last result's go alone once the manager has nothing else to do and sleeps."""
-    with manager_with_workers(tmp_path, 1) as rt, \
-            traced_writes(tmp_path / "writes.txt") as writes:
-        ids: list[int] = []
-        for i in range(4):
-            task = rt.taskvine.vine.Task("cat in")
-            task.add_input(rt.manager.declare_buffer(f"small-{i}".encode()), "in")
-            ids.append(rt.manager.submit(task))
-            assert outputs_of(rt, [ids[-1]]) == {ids[-1]: f"small-{i}"}  # one at a time
-        rt.manager.wait(1)  # nothing left: the manager sleeps
-        sent = [data for _, data in writes()]
-    for before, after in itertools.pairwise(ids):
-        (write,) = [d for d in sent if f"kill {before}\\n" in d]
-        assert write.startswith("unlink buffer-"), write[:300]
-        assert f"task {after}\\n" in write.split(f"kill {before}\\n", 1)[1], write[:300]
-    (last,) = [d for d in sent if f"kill {ids[-1]}\\n" in d]
-    assert last.startswith("unlink buffer-") and "task " not in last, last[:300]
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is missing")
