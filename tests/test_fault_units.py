@@ -374,3 +374,36 @@ def test_handlers_set_in_the_main_thread_can_be_closed_from_another() -> None:
         assert signal.getsignal(signal.SIGTERM) is not before
     assert signal.getsignal(signal.SIGTERM) is before
     signal.signal(signal.SIGTERM, found)
+
+
+def test_a_warm_up_gives_up_the_calls_of_a_worker_that_left(tmp_path: Path) -> None:
+    """A warm-up stops waiting for the calls of a worker that left, though the topology has
+    forgotten it since (its name no longer has an address there): before, those calls were
+    waited for until the warm-up's timeout (15 minutes at 256 workers, for a worker that had
+    stopped answering). The calls of a worker still connected are waited for."""
+    from datavine.config import RunConfig
+    from datavine.manager.library import DatavineLibrary
+    from datavine.scheduler.topology import Topology
+
+    class Port:
+        cancelled: list[int] = []
+
+        def cancel_task(self, task: int) -> None:
+            self.cancelled.append(task)
+
+    path = tmp_path / "transactions"
+    path.write_bytes(b"1 9 WORKER worker-aa CONNECTION 127.0.0.1:9001\n"
+                     b"1 9 WORKER worker-bb CONNECTION 127.0.0.1:9002\n")
+    topology = Topology()
+    topology.learn("local-0", None, "127.0.0.1:9001")
+    topology.learn("local-1", None, "127.0.0.1:9002")
+    port = Port()
+    library = DatavineLibrary(port, RunConfig(), LibraryLog(path), topology)  # type: ignore[arg-type]
+    pending = {1: "local-0", 2: "local-0", 3: "local-1"}
+    seen: dict[str, str] = {}
+    assert library._warm_given_up(pending, seen) == set()  # both connected
+    with open(path, "ab") as f:
+        f.write(b"2 9 WORKER worker-aa DISCONNECTION FAILURE\n")
+    topology.forget("local-0")  # as the watch does when the worker leaves
+    assert library._warm_given_up(pending, seen) == {1, 2}
+    assert sorted(port.cancelled) == [1, 2]

@@ -196,10 +196,11 @@ class DatavineLibrary:
         deadline = time.monotonic() + timeout_s
         answered: set[tuple[str, int]] = set()
         looked = time.monotonic()
+        seen: dict[str, str] = {}  # each worker's address, as this warm-up last saw it
         while pending and time.monotonic() < deadline:
             if time.monotonic() - looked >= 1.0:  # workers gone or cut off: not waited for
                 looked = time.monotonic()
-                pending -= self._warm_given_up({t: warming[t] for t in pending})
+                pending -= self._warm_given_up({t: warming[t] for t in pending}, seen)
             task = self.port.wait_task(1, mine=pending)
             if task is None:  # a quiet second: has the library been dying meanwhile?
                 self.check()
@@ -217,17 +218,21 @@ class DatavineLibrary:
                                         task.addrport, held)
         return answered
 
-    def _warm_given_up(self, pending: Mapping[int, str]) -> set[int]:
+    def _warm_given_up(self, pending: Mapping[int, str], seen: dict[str, str]) -> set[int]:
         """Warm-up calls not worth waiting for, cancelled: their worker left, or its library
         was sent and has not started within ``RunConfig.library_start_timeout_s`` (a peer
-        it cannot reach: the run's network watch drops it, scheduler/network.py)."""
+        it cannot reach: the run's network watch drops it, scheduler/network.py). ``seen``:
+        each worker's address as the warm-up's earlier looks saw it, updated here: a worker
+        that left is forgotten by the topology, and its calls were waited for until the
+        warm-up's timeout (seen for 15 minutes at 256 workers, a worker that had stopped
+        answering: TaskVine patch 0029)."""
         now = time.monotonic()
         states = self.states(now)
         late = overdue(states, now, self.run_config.library_start_timeout_s)
         connected = self.libraries.connected()
-        address = {w.id: w.addrport for w in self.topology.workers.values()}
+        seen.update((w.id, w.addrport) for w in self.topology.workers.values() if w.addrport)
         given_up = {task for task, worker in pending.items()
-                    if (addr := address.get(worker)) is not None
+                    if (addr := seen.get(worker)) is not None
                     and (addr in late or (connected and addr not in connected))}
         for task in given_up:
             self.port.cancel_task(task)
