@@ -182,23 +182,24 @@ class EventSink(NullSink):
         else:
             rows = self._pool_rows
         self._emit_pool(pool_record_of(rows, sample.where, sample.states, sample.gone,
-                                       sample.lost_addr, sample.workers, sample.cores))
+                                       sample.lost_addr, sample.workers, sample.cores),
+                        sample.where)
 
     def pool_now(self, workers: Iterable[KnownWorker],
                  libraries: Mapping[str, LibraryState]) -> None:
         known = list(workers)
         self._emit_pool(pool_record(known, libraries, {}, {}, (), (), len(known),
-                                    sum(w.cores for w in known)))
+                                    sum(w.cores for w in known)), {})
 
-    def _emit_pool(self, record: PoolRecord) -> None:
+    def _emit_pool(self, record: PoolRecord, where: Mapping[int, str]) -> None:
         """A pool record, without its workers when they are those of the last one (the
         reader keeps the last list it read), and with only the calls whose place changed
-        since the last one of the run (:func:`calls_changed`)."""
+        since the last one of the run (:func:`calls_changed`; ``where``: the places the
+        record's ``calls`` list)."""
         if record["workers"] == self._pool_rows:
             del record["workers"]
         else:
             self._pool_rows = record["workers"]
-        where = dict(record["calls"])
         if self._where is not None:
             del record["calls"]
             placed, unplaced = calls_changed(self._where, where)
@@ -206,7 +207,7 @@ class EventSink(NullSink):
                 record["placed"] = placed
             if unplaced:
                 record["unplaced"] = unplaced
-        self._where = where
+        self._where = dict(where)
         self.emit(record, flush=True)
 
     def run_ended(self, summary: RunSummary) -> None:

@@ -429,13 +429,12 @@ class Board:
         for call in r.get("unplaced", ()):
             placed.pop(int(call), None)
         placed.update((int(call), addr) for call, addr in r.get("placed", ()))
-        calls = list(placed.items())
-        running = Counter(addr for _, addr in calls)
+        running = Counter(placed.values())
         caps: dict[str, float] = {}
         if run is not None:
-            run.queued, run.running = int(r.get("queued", 0)), len(calls)
-            for call, where in calls:
-                sent = run.sent.get(int(call))
+            run.queued, run.running = int(r.get("queued", 0)), len(placed)
+            for call, where in placed.items():
+                sent = run.sent.get(call)
                 if sent is not None and sent.cap_mb is not None:
                     caps[where] = max(caps.get(where, 0.0), float(sent.cap_mb))
         present = set()

@@ -183,11 +183,7 @@ class BundleEncoder:
         out.truncate()
         pickler.clear_memo()
         pickler.globals_ref = {}  # cloudpickle's, for functions pickled by value (none here)
-        try:
-            pickler.dump(record)
-        except BaseException:
-            self._pickler = _Pickler(out, self)  # a dump cut short leaves nothing behind
-            raise
+        pickler.dump(record)  # each dump starts a fresh frame: one cut short leaves nothing
         return out.getvalue()
 
     @property
