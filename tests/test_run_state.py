@@ -23,6 +23,7 @@ from datavine.errors import (
     RunTimeoutError,
     TaskTimeLimitError,
 )
+from datavine.io.column_cache import marker_name, piece_name
 from datavine.protocol import BundleResult, Status
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.learned import Learned
@@ -306,3 +307,36 @@ def test_a_shard_failing_under_a_read_cools_down_and_the_bundle_runs_again() -> 
     summary = pool.state.summary
     assert pool.state.results() == {"x": 1}
     assert summary.reads.failovers == 1 and "xcache-2" in summary.reads.failover_errors[0]
+
+
+def entries(chunk: tuple[str, int, int], *_: Any) -> int:
+    """A chunk task: the entries of its range (``_``: what it waits for)."""
+    return chunk[2] - chunk[1]
+
+
+def test_a_chunk_in_flight_draws_its_later_copy_to_the_worker_that_will_hold_it() -> None:
+    """Two chunks of one file go to the worker that read the file; the first one's result
+    tells placement that the worker's column cache holds pieces of the file (so it matches
+    pieces, not the file), while the second still runs there. A later copy of the second
+    chunk still goes to that worker: its piece counted as held there from its sending.
+    When that call fails, the piece stops counting."""
+    path = "/data/f.root"
+    a, b = (path, 0, 10), (path, 10, 20)
+    dsk = {"a": (entries, a), "b": (entries, b), "b-again": (entries, b, "a")}
+    pool = Pool(dsk, list(dsk), replace(CFG, bundles_per_slot=2))
+    topology = pool.state.learned.topology
+    for name in ("w1", "w2"):
+        topology.announce(name, None, cores=2)
+    topology.learn("w1", None, "127.0.0.1:9001", [path])  # it opened the file before
+    sent = {s.spec.keys[0]: s for s in of(Submit, pool.tick())}
+    assert set(sent) == {"a", "b"} and all(s.target.worker == "w1" for s in sent.values())
+    held = [{"lfn": piece_name(path, 0, 10), "server": "memory"},
+            {"lfn": marker_name(path), "server": "memory"}]
+    result = BundleResult(Status.OK, values={"a": cloudpickle.dumps(10)}, reads=held,
+                          worker="w1")
+    pool.finish(sent["a"].call, "127.0.0.1:9001", result)
+    (again,) = of(Submit, pool.tick())
+    assert again.spec.keys == ["b-again"] and again.target.worker == "w1"
+    assert topology.holder([piece_name(path, 10, 20)]) == "w1"
+    pool.finish(sent["b"].call, "127.0.0.1:9001", None)  # its worker died under it
+    assert topology.holder([piece_name(path, 10, 20)]) is None

@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from datavine.io.column_cache import marker_name, piece_name
 from datavine.io.shards import Shard
 from datavine.scheduler.labels import labels_of, rack_of
 from datavine.scheduler.placement import Placement, TaskInputs, Tier, decide, score
@@ -316,3 +317,34 @@ def test_a_worker_that_left_is_named_once() -> None:
     # the run reports the name, whether it learned of the departure by name or by address
     assert {"w-a1"} | {topo.who_left("198.18.11.11:4000")} == {"w-a1"}
     assert topo.who_left("198.18.11.11:4000") == "198.18.11.11:4000"  # reported already
+
+
+def test_a_piece_sent_to_a_worker_counts_as_held_there_until_its_result_says_otherwise(
+) -> None:
+    topo = two_racks()
+    piece = piece_name("/store/f.root", 0, 100)
+    task = TaskInputs(("/store/f.root",), {"/store/f.root": "b"}, pieces=(piece,))
+    assert topo.holder([piece]) is None
+    expected = topo.expect("local-3", [piece])
+    assert set(expected) == {piece, marker_name("/store/f.root")}
+    # the next copy of the piece goes to the worker that will hold it, before any result
+    assert topo.holder([piece]) == "local-3"
+    placement = decide(task, topo.views(), waited_s=0.0)
+    assert placement.tier == Tier.CACHED and placement.workers == ("local-3",)
+    assert topo.expect("local-3", [piece]) == ()  # counted once: a second copy adds nothing
+    # its result says the cache holds it: it stays
+    topo.expected_back("local-3", expected, [{"lfn": piece}, {"lfn": expected[1]}])
+    assert topo.holder([piece]) == "local-3"
+
+
+def test_a_piece_whose_call_failed_or_was_not_kept_stops_counting_as_held() -> None:
+    topo = two_racks()
+    kept, refused = piece_name("/store/f.root", 0, 100), piece_name("/store/f.root", 100, 200)
+    first = topo.expect("local-0", [kept])
+    topo.expected_back("local-0", first, [{"lfn": kept}, {"lfn": marker_name("/store/f.root")}])
+    second = topo.expect("local-0", [refused])
+    assert second == (refused,)  # the file's marker was held before: not the call's to take
+    topo.expected_back("local-0", second, [])  # failed, or its cache did not keep the piece
+    assert topo.holder([refused]) is None and topo.holder([kept]) == "local-0"
+    # a worker the registry does not know is expected to hold nothing
+    assert topo.expect("gone", [kept]) == ()

@@ -36,3 +36,6 @@ class Inflight:
     again: Again | None = None
     sent: float = 0.0  # when it was sent
     shard: str | None = None  # the one shard its files are read through, when one
+    # pieces (and markers) counted as held by its worker from its sending on, until its
+    # result confirms them (Topology.expect)
+    expected: tuple[str, ...] = ()

@@ -354,13 +354,31 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         plan = self.kept.plan(keep, bundle.inputs)
         call = self._send(bundle, plan, target, cap_mb, categories)
         self.inflight[call] = Inflight(bundle, target, category, cap_mb, plan, sent=self.now,
-                                       shard=self._one_shard(bundle))
+                                       shard=self._one_shard(bundle),
+                                       expected=self._expect(bundle, target))
         if target.worker is not None:
             self.lanes.place(call, target.worker, self.now)
         self._move(bundle, Phase.SENT, call=call, detail=_sent_to(target, cap_mb, placement))
         self.summary.bundles += 1
         if bundle.files:
             self.summary.placement[counted_tier(placement, target)] += 1
+
+    def _expect(self, bundle: Bundle, target: Target) -> tuple[str, ...]:
+        """The pieces ``bundle`` reads count as held by its worker from now on, when its
+        column cache keeps them (:meth:`~datavine.scheduler.topology.Topology.expect`)."""
+        if target.worker is None or not bundle.files or not self.cfg.column_cache:
+            return ()
+        pieces_of = self.dispatch.pieces_of
+        return self.learned.topology.expect(
+            target.worker, (p for k in bundle.keys for p in pieces_of(k)))
+
+    def _expected_back(self, entry: Inflight, result: BundleResult | None) -> None:
+        """What ``entry``'s worker was expected to hold and its result does not confirm
+        stops counting as held there (a failed call confirms nothing)."""
+        if entry.expected and entry.target.worker is not None:
+            self.learned.topology.expected_back(
+                entry.target.worker, entry.expected,
+                result.reads if result is not None and result.ok else ())
 
     def _send(self, bundle: Bundle, plan: Plan, target: Target, cap_mb: float | None,
               categories: Mapping[Key, str], avoid: tuple[str, ...] = ()) -> int:
@@ -443,6 +461,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                              if ok else "its first copy failed: the bundle is retried as a whole")
         if entry is None:
             return  # a call withdrawn earlier
+        self._expected_back(entry, result)
         if done.unreadable is not None:
             self._fail(done.unreadable, entry.bundle, Reason.PROTOCOL)
         if result is None:  # the library or its worker died under the call

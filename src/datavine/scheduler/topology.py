@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from datavine.io.column_cache import GENERATION
+from datavine.io.column_cache import GENERATION, file_of, marker_name
 from datavine.io.shards import Shard
 from datavine.scheduler.gains import GainLog, WakeKey
 from datavine.scheduler.known_workers import KnownWorker, SeenWorker
@@ -217,6 +217,34 @@ class Topology(WorkerIndexes):
                 known.files_read.discard(lfn)
                 _discard(self._readers, lfn, known.id)
                 self.epoch += 1  # a near set shrank
+
+    def expect(self, worker_id: str, pieces: Iterable[str]) -> tuple[str, ...]:
+        """A bundle reading ``pieces`` was sent to ``worker_id``: its column cache will hold
+        them, so count them as held there from now on (and the markers of their files, which
+        make placement match that worker's pieces, not its files), before its result says
+        so. A later copy of a piece still in flight (the same chunk in a later pass) then
+        goes to that worker, or waits for it, instead of being decoded again elsewhere.
+        Returns the names that were new there: :meth:`expected_back` confirms or takes
+        them back once the bundle's result has come or failed."""
+        known = self.workers.get(worker_id)
+        if known is None:
+            return ()
+        pieces = tuple(pieces)
+        names = dict.fromkeys((*pieces, *(marker_name(file_of(p)) for p in pieces)))
+        new = tuple(n for n in names if n not in known.files_read)
+        self.read(known, new)
+        return new
+
+    def expected_back(self, worker_id: str, expected: Iterable[str],
+                      reads: Iterable[Mapping[str, object]] = ()) -> None:
+        """The bundle that :meth:`expect` counted ``expected`` for has ended: what its read
+        records do not say the worker's cache holds (the cache refused or dropped it, or the
+        bundle failed: no records) stops counting as held there."""
+        known = self.workers.get(worker_id)
+        if known is None:
+            return
+        reported = {r.get("lfn") for r in reads}
+        self.unread(known, [n for n in expected if n not in reported])
 
     def held(self, known: KnownWorker, reads: Iterable[Mapping[str, object]]) -> None:
         """Apply a bundle's read records' news of its worker's column cache
