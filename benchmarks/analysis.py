@@ -121,8 +121,7 @@ def same_result(a: Any, b: agc.ChunkResult) -> bool:
     """Equal histogram, events and selected events (the analysis' result)."""
     while isinstance(a, (list, tuple)) and len(a) == 1:
         a = a[0]
-    return (isinstance(a, agc.ChunkResult) and (a.counts == b.counts).all()
-            and a.events == b.events and a.events_selected == b.events_selected)
+    return isinstance(a, agc.ChunkResult) and a.same_selection(b)
 
 
 # --- peers -------------------------------------------------------------------------------

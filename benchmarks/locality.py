@@ -192,7 +192,8 @@ def timed_run(mode: Mode, label: str, reference: agc.ChunkResult) -> RunRecord:
     hit1, miss1 = shard_bytes(after, names)
     reads = summary.reads
     record = RunRecord(
-        mode.name, label, reference.events, seconds, result == reference, reads.near_fraction,
+        mode.name, label, reference.events, seconds, result.same_selection(reference),
+        reads.near_fraction,
         reads.near_bytes / MB, reads.far_bytes / MB,
         (after.origin.bytes_out - before.origin.bytes_out) / MB,
         after.origin.opens - before.origin.opens,

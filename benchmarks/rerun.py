@@ -84,11 +84,6 @@ def graph(chunks: list[agc.Chunk], selection: agc.Selection) -> Any:
     return level[0]
 
 
-def same(a: agc.ChunkResult, b: agc.ChunkResult) -> bool:
-    return bool((a.counts == b.counts).all() and a.events == b.events
-                and a.events_selected == b.events_selected)
-
-
 @dataclass
 class Timed:
     seconds: float
@@ -158,10 +153,11 @@ def rerun(compression: str, chunks: list[agc.Chunk], args: argparse.Namespace) -
         for i, warm in enumerate(out.warm):  # each warm result against a cold one
             selection = SELECTIONS[(i + 1) % 2]
             if selection in cold_of:
-                out.equal &= same(warm.result, cold_of[selection])
+                out.equal &= warm.result.same_selection(cold_of[selection])
             else:  # one round: run that selection cold too
                 cluster.drop_caches()
-                out.equal &= same(warm.result, timed_run(cluster, chunks, selection).result)
+                out.equal &= warm.result.same_selection(
+                    timed_run(cluster, chunks, selection).result)
     return out
 
 

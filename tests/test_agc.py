@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import awkward as ak
@@ -89,6 +90,18 @@ def test_chunks_merge_to_the_whole_file(whole: ChunkResult, files: list[Path]) -
     assert merged.source == whole.source and merged.chunks == 7
     # unaligned chunks re-read shared baskets: at least the whole file's bytes
     assert merged.bytes_read >= whole.bytes_read
+
+
+def test_a_result_read_from_memory_is_the_same_selection(whole: ChunkResult,
+                                                         files: list[Path]) -> None:
+    """A chunk whose columns came from a worker's column cache reads no bytes: the same
+    analysis result, though not ``==`` (which compares the bytes read too)."""
+    from_memory = replace(whole, bytes_read=0)
+    assert from_memory.same_selection(whole) and from_memory != whole
+    one_less = replace(whole, counts=whole.counts - (np.arange(len(whole.counts)) == 0))
+    assert not one_less.same_selection(whole)
+    assert not replace(whole, events_selected=whole.events_selected + 1).same_selection(whole)
+    assert not process_chunk(files[1]).same_selection(whole)
 
 
 def test_plain_loop_over_two_files(files: list[Path], whole: ChunkResult) -> None:

@@ -122,6 +122,15 @@ class ChunkResult:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def same_selection(self, other: ChunkResult) -> bool:
+        """Whether ``other`` is the same analysis result: histogram, binning, events and
+        events selected (``==`` also compares the bytes read, which a read from the
+        workers' column caches, or through another source, changes)."""
+        return bool(np.array_equal(self.counts, other.counts)
+                    and np.array_equal(self.edges, other.edges)
+                    and (self.events, self.events_selected)
+                    == (other.events, other.events_selected))
+
 
 def process_chunk(source: Source, entry_start: int | None = None,
                   entry_stop: int | None = None, tree: str = "Events",
