@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -182,6 +183,11 @@ def timed_run(mode: Mode, label: str, reference: agc.ChunkResult) -> RunRecord:
     before = tb.cache_stats()
     seen = {f: accesses(before, f) for f in mode.lfns}
     graph = build_graph(mode.chunks)
+    # the run before left the shards' cache files to be written out and its servers
+    # settling: not on this run's clock (a cold run right after the other mode's took ~1.3x
+    # as long, whichever mode went second)
+    os.sync()
+    common.quiesce()
     print(f"# {mode.name} {label} ...", file=sys.stderr, flush=True)
     started, wall_start = time.perf_counter(), time.time()
     (result,) = dask.compute(graph, scheduler=mode.cluster.get)
