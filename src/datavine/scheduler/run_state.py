@@ -374,7 +374,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
 
     def _expected_back(self, entry: Inflight, result: BundleResult | None) -> None:
         """What ``entry``'s worker was expected to hold and its result does not confirm
-        stops counting as held there (a failed call confirms nothing)."""
+        stops counting as held there (a call that failed, was withdrawn or lost to its
+        backup copy confirms nothing)."""
         if entry.expected and entry.target.worker is not None:
             self.learned.topology.expected_back(
                 entry.target.worker, entry.expected,
@@ -448,6 +449,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             self.lanes.remove(call, self.now)
             if not succeeded:
                 self.kept.failed(entry.plan)  # its outputs will never be there
+                self._expected_back(entry, None)  # nor, as far as is known, its pieces
         return entry
 
     # --- results ----------------------------------------------------------------------------
@@ -461,7 +463,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                              if ok else "its first copy failed: the bundle is retried as a whole")
         if entry is None:
             return  # a call withdrawn earlier
-        self._expected_back(entry, result)
+        if ok:
+            self._expected_back(entry, result)
         if done.unreadable is not None:
             self._fail(done.unreadable, entry.bundle, Reason.PROTOCOL)
         if result is None:  # the library or its worker died under the call
