@@ -175,17 +175,6 @@ def test_without_a_known_cost_or_a_holder_each_file_task_is_a_bundle() -> None:
         assert all(len(c) == 1 for c in chunks_of(bundles))
 
 
-def test_held_tasks_go_together_only_in_uncapped_runs() -> None:
-    from datavine.config import RunConfig
-    from datavine.scheduler.learned import Learned
-    from datavine.scheduler.run_state import RunState
-
-    g = graph.build({"x": (str, "/data/f.root")}, ["x"])
-    for cfg, grouped in ((RunConfig(memory=None), True), (RunConfig(), False)):
-        state = RunState(g, cfg, Learned.fresh(cfg), now=0.0)
-        assert (state.planner._holder is not None) is grouped
-
-
 def merge_planner(merge_cost: float | None, light: Any = None,
                   max_tasks: int = 64) -> tuple[graph.TaskGraph, Planner]:
     """Four file reads; a merge of the first two, ready (both done) and first in line."""

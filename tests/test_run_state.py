@@ -340,3 +340,29 @@ def test_a_chunk_in_flight_draws_its_later_copy_to_the_worker_that_will_hold_it(
     assert topology.holder([piece_name(path, 10, 20)]) == "w1"
     pool.finish(sent["b"].call, "127.0.0.1:9001", None)  # its worker died under it
     assert topology.holder([piece_name(path, 10, 20)]) is None
+
+
+@pytest.mark.parametrize("capped", [True, False])
+def test_chunks_a_worker_holds_go_together_until_its_cache_drops_a_piece(capped: bool) -> None:
+    """The planner puts ready chunks that one worker's column cache holds in one call to it
+    (the worker is their *holder*). Under memory caps, only until that cache drops a piece
+    in this run (it holds less than the run reads: grouped calls there lost hits);
+    uncapped, always."""
+    path = "/data/f.root"
+    dsk = {"a": (entries, (path, 0, 10)), "b": (entries, (path, 0, 10), "a")}
+    cfg = replace(CFG, memory=MemoryPolicy() if capped else None)
+    pool = Pool(dsk, list(dsk), cfg)
+    topology = pool.state.learned.topology
+    topology.announce("w1", None, cores=2)
+    topology.learn("w1", None, "127.0.0.1:9001", [path])
+    assert pool.state.planner._holder is not None  # the planner asks, capped or not
+    (sent,) = of(Submit, pool.tick())
+    assert sent.target.worker == "w1" and pool.state._holder("b") == "w1"
+    reads = [{"lfn": piece_name(path, 0, 10), "server": "memory"},
+             {"lfn": marker_name(path), "server": "memory"},
+             {"lfn": piece_name("/data/g.root", 0, 10), "server": "memory", "dropped": True}]
+    result = BundleResult(Status.OK, values={"a": cloudpickle.dumps(10)}, reads=reads,
+                          worker="w1")
+    pool.finish(sent.call, "127.0.0.1:9001", result)
+    assert topology.holder([piece_name(path, 0, 10)]) == "w1"
+    assert pool.state._holder("b") == (None if capped else "w1")

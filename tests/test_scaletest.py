@@ -304,3 +304,21 @@ def test_cli_defaults_are_a_long_run_and_quick_is_short() -> None:
     assert (quick.files, quick.events_per_file, quick.passes) == (8, 100_000, 1)
     assert (mine.files, mine.events_per_file, mine.passes) == (3, 100_000, 2)
 
+
+
+def test_the_column_caches_share_reaches_the_run_settings(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from datavine.apps.scaletest.cli import add_options, config_from_args
+    from datavine.apps.scaletest.run import cluster_request
+
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    default = config_from_args(parser.parse_args([]))
+    roomy = config_from_args(parser.parse_args(["--column-cache-share", "0.75"]))
+    assert cluster_request(default, None).run_config().column_cache_share == 0.5
+    assert cluster_request(roomy, None).run_config().column_cache_share == 0.75
+    # a share the caps cannot hold is refused before anything starts, naming the setting
+    assert main(["--column-cache-share", "0.9"]) == 2
+    assert "column_cache_share" in capsys.readouterr().err

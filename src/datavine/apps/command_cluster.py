@@ -46,6 +46,8 @@ class ClusterRequest:
         run_dir_prefix: the name of the manager's temporary run directory.
         column_cache: ``False`` turns the workers' column caches off
             (``RunConfig.column_cache``); ``True`` keeps the run settings'.
+        column_cache_share: the column cache's share of a bundle's memory cap
+            (``RunConfig.column_cache_share``; ``None`` keeps the run settings').
         metrics: the manager's own ``/metrics`` listener (``None``: ``DATAVINE_METRICS``,
             else the facility file's ``[metrics] listen``, else none).
     """
@@ -68,6 +70,7 @@ class ClusterRequest:
     dashboard: bool | DashboardConfig | None = None
     run_dir_prefix: str = "datavine-run-"
     column_cache: bool = True
+    column_cache_share: float | None = None
     metrics: MetricsConfig | None = None
 
     def run_config(self) -> RunConfig:
@@ -84,6 +87,8 @@ class ClusterRequest:
             run = run.replace(task_time_limit_s=self.task_time_limit_s)
         if not self.column_cache:
             run = run.replace(column_cache=False)
+        if self.column_cache_share is not None:
+            run = run.replace(column_cache_share=self.column_cache_share)
         return run
 
 

@@ -110,7 +110,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         self.planner = Planner(graph, files=self.files_of, costs=learned.costs,
                                target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks,
                                priority=self._order(graph) if cfg.longest_first else None,
-                               holder=self._holder if learned.memory is None else None,
+                               holder=self._holder,
                                light=self._light)
         if learned.memory is not None:  # caps leave the column caches their room
             learned.memory.cache_share = cfg.column_cache_share if cfg.column_cache else 0.0
@@ -121,6 +121,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                                    learned.shard_health, cfg.bundles_per_slot)
         self._temps = itertools.count(1)
         self._calls = itertools.count(1)
+        # workers whose column cache dropped a piece in this run (see _holder)
+        self._pressed: set[str] = set()
         self._out: list[Instruction] = []
         self.kept = Intermediates(self._temps.__next__,
                                   lambda temp: self._out.append(DropTemp(temp)),
@@ -317,13 +319,16 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
 
     def _holder(self, key: Key) -> str | None:
         """The worker whose column cache holds every piece ``key`` reads: the planner
-        bundles tasks held by the same worker together. Only for uncapped bundles: under
-        memory caps the caches hold less than a pass reads, and which pieces stay depends
-        on the order they are read in; grouped, the scale test's hits fell from ~0.70 to
-        ~0.61 and its time did not improve (benchmarks/SCALETEST.md), while uncapped it ran
-        ~17% faster with every piece a hit."""
+        bundles tasks held by the same worker together. Under memory caps, only while that
+        worker's cache has dropped no piece in this run: a cache that holds less than the
+        run reads keeps what the order of reads leaves it, and grouped calls there lost
+        hits (the scale test's fell from ~0.70 to ~0.61, its time no better); with room for
+        every piece, grouping took ~25% off its time (benchmarks/SCALETEST.md)."""
         pieces = self.dispatch.pieces_of(key)
-        return self.learned.topology.holder(pieces) if pieces else None
+        holder = self.learned.topology.holder(pieces) if pieces else None
+        if holder is not None and self.learned.memory is not None and holder in self._pressed:
+            return None
+        return holder
 
     def _light(self, key: Key) -> bool:
         """Whether ``key``'s inputs all came back to the manager (values small enough to be
@@ -561,6 +566,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         self.summary.add_reads(reads, result.rack)
         if known is not None:
             self.learned.topology.held(known, reads)  # files its column cache dropped
+            if any(r.get("dropped") and "@" in str(r.get("lfn", "")) for r in reads):
+                self._pressed.add(known.id)  # its cache holds less than the run reads
             self._say(self.learned.network.reads(known.id, result.host, reads, self.now,
                                                  self.start))
         for r in reads:

@@ -97,6 +97,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     pool.add_argument("--no-column-cache", action="store_true",
                       help="workers keep no decoded columns (RunConfig.column_cache off): "
                       "every pass decodes its baskets again")
+    pool.add_argument("--column-cache-share", type=float, metavar="F",
+                      help="the column cache's share of a bundle's memory cap "
+                      "(RunConfig.column_cache_share, default 0.5, below 0.8): more room "
+                      "for decoded columns, under larger caps")
     pool.add_argument("--timeout", type=cli_types.seconds, metavar="S",
                       help="fail when processing takes longer than S seconds")
     pool.add_argument("--connect-timeout", type=cli_types.seconds, default=120.0, metavar="S",
@@ -141,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> ScaleTestConfig:
         timeout_s=args.timeout,
         connect_timeout_s=args.connect_timeout, bin_s=args.bin, progress=args.progress,
         memory_caps=not args.no_memory_caps, column_cache=not args.no_column_cache,
+        column_cache_share=args.column_cache_share,
         dashboard=option_from_args(args), metrics=metrics_from_args(args),
         dashboard_html=None if args.no_dashboard else json_path(args).with_suffix(".html"))
 

@@ -98,6 +98,9 @@ class ScaleTestConfig:
             reads them from memory. The report gives the hit fraction of the run and of
             each pass. Applies to the cluster the scale test starts (a given one keeps its
             settings).
+        column_cache_share: the column cache's share of a bundle's memory cap
+            (``RunConfig.column_cache_share``; ``None``: the run settings', 0.5 by default):
+            more room for the decoded columns, under larger caps.
         drop_caches: empty the workers' column caches before processing
             (``cluster.drop_caches()``): a cold first pass on a cluster that ran before.
     """
@@ -130,6 +133,7 @@ class ScaleTestConfig:
     metrics: MetricsConfig | None = None
     memory_caps: bool = True
     column_cache: bool = True
+    column_cache_share: float | None = None
     drop_caches: bool = False
     tree: str = "Events"
 
@@ -318,13 +322,14 @@ def cluster_request(config: ScaleTestConfig, shardmap: ShardMap | None) -> Clust
             progress=config.progress, timeout_s=config.timeout_s,
             memory_caps=config.memory_caps, pool_workers=config.n_workers if external else None,
             connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard,
-            column_cache=config.column_cache, metrics=config.metrics)
+            column_cache=config.column_cache, column_cache_share=config.column_cache_share,
+            metrics=config.metrics)
     request = ClusterRequest(
         shardmap=shardmap, progress=config.progress, timeout_s=config.timeout_s,
         memory_caps=config.memory_caps, no_worker_timeout_s=max(60.0, config.connect_timeout_s),
         connect_timeout_s=config.connect_timeout_s, dashboard=config.dashboard,
         run_dir_prefix="datavine-scaletest-", column_cache=config.column_cache,
-        metrics=config.metrics)
+        column_cache_share=config.column_cache_share, metrics=config.metrics)
     if config.pool == "local":
         return replace(request, workers=config.n_workers, cores=config.cores,
                        memory_mb=config.memory_mb)
