@@ -342,27 +342,33 @@ def test_a_chunk_in_flight_draws_its_later_copy_to_the_worker_that_will_hold_it(
     assert topology.holder([piece_name(path, 10, 20)]) is None
 
 
-@pytest.mark.parametrize("capped", [True, False])
-def test_chunks_a_worker_holds_go_together_until_its_cache_drops_a_piece(capped: bool) -> None:
+@pytest.mark.parametrize(("capped", "asked", "grouped"),
+                         [(True, False, False), (False, False, True), (True, True, True)])
+def test_chunks_a_worker_holds_go_together_until_its_cache_drops_a_piece(
+        capped: bool, asked: bool, grouped: bool) -> None:
     """The planner puts ready chunks that one worker's column cache holds in one call to it
-    (the worker is their *holder*). Under memory caps, only until that cache drops a piece
-    in this run (it holds less than the run reads: grouped calls there lost hits);
-    uncapped, always."""
-    path = "/data/f.root"
+    (the worker is their *holder*). Under memory caps, only until that cache evicts a piece
+    it held in this run (it holds less than the run reads: grouped calls there lost hits);
+    uncapped, always. A drop the manager asked for (``cluster.drop_caches()``) is no
+    eviction."""
+    path, other = "/data/f.root", piece_name("/data/g.root", 0, 10)
     dsk = {"a": (entries, (path, 0, 10)), "b": (entries, (path, 0, 10), "a")}
     cfg = replace(CFG, memory=MemoryPolicy() if capped else None)
     pool = Pool(dsk, list(dsk), cfg)
     topology = pool.state.learned.topology
     topology.announce("w1", None, cores=2)
-    topology.learn("w1", None, "127.0.0.1:9001", [path])
+    topology.learn("w1", None, "127.0.0.1:9001", [path, other, marker_name("/data/g.root")])
     assert pool.state.planner._holder is not None  # the planner asks, capped or not
     (sent,) = of(Submit, pool.tick())
     assert sent.target.worker == "w1" and pool.state._holder("b") == "w1"
+    if asked:
+        topology.drop_caches()
     reads = [{"lfn": piece_name(path, 0, 10), "server": "memory"},
              {"lfn": marker_name(path), "server": "memory"},
-             {"lfn": piece_name("/data/g.root", 0, 10), "server": "memory", "dropped": True}]
+             {"lfn": other, "server": "memory", "dropped": True}]
     result = BundleResult(Status.OK, values={"a": cloudpickle.dumps(10)}, reads=reads,
                           worker="w1")
     pool.finish(sent.call, "127.0.0.1:9001", result)
     assert topology.holder([piece_name(path, 0, 10)]) == "w1"
-    assert pool.state._holder("b") == (None if capped else "w1")
+    assert topology.holder([other]) is None
+    assert pool.state._holder("b") == ("w1" if grouped else None)

@@ -121,7 +121,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                                    learned.shard_health, cfg.bundles_per_slot)
         self._temps = itertools.count(1)
         self._calls = itertools.count(1)
-        # workers whose column cache dropped a piece in this run (see _holder)
+        # workers whose column cache evicted a piece in this run (see _holder)
         self._pressed: set[str] = set()
         self._out: list[Instruction] = []
         self.kept = Intermediates(self._temps.__next__,
@@ -320,10 +320,11 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
     def _holder(self, key: Key) -> str | None:
         """The worker whose column cache holds every piece ``key`` reads: the planner
         bundles tasks held by the same worker together. Under memory caps, only while that
-        worker's cache has dropped no piece in this run: a cache that holds less than the
-        run reads keeps what the order of reads leaves it, and grouped calls there lost
-        hits (the scale test's fell from ~0.70 to ~0.61, its time no better); with room for
-        every piece, grouping took ~25% off its time (benchmarks/SCALETEST.md)."""
+        worker's cache has evicted no piece in this run (a drop the manager asked for is no
+        eviction: ``Topology.held``): a cache that holds less than the run reads keeps what
+        the order of reads leaves it, and grouped calls there lost hits (the scale test's
+        fell from ~0.70 to ~0.61, its time no better); with room for every piece, grouping
+        took ~25% off its time (benchmarks/SCALETEST.md)."""
         pieces = self.dispatch.pieces_of(key)
         holder = self.learned.topology.holder(pieces) if pieces else None
         if holder is not None and self.learned.memory is not None and holder in self._pressed:
@@ -560,14 +561,15 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
 
     def _note_worker(self, result: BundleResult, addrport: str | None, bundle: Bundle) -> str:
         reads = result.reads
-        files = {r["lfn"] for r in reads} | {logical_name(f) for f in bundle.files}
+        files = ({r["lfn"] for r in reads if not r.get("dropped")}
+                 | {logical_name(f) for f in bundle.files})
         known = self.learned.topology.learn(result.worker, result.rack, addrport, files,
                                             host=result.host or None)
         self.summary.add_reads(reads, result.rack)
         if known is not None:
-            self.learned.topology.held(known, reads)  # files its column cache dropped
-            if any(r.get("dropped") and "@" in str(r.get("lfn", "")) for r in reads):
-                self._pressed.add(known.id)  # its cache holds less than the run reads
+            # files its column cache dropped; evicted ones: it holds less than the run reads
+            if self.learned.topology.held(known, reads):
+                self._pressed.add(known.id)
             self._say(self.learned.network.reads(known.id, result.host, reads, self.now,
                                                  self.start))
         for r in reads:

@@ -246,12 +246,16 @@ class Topology(WorkerIndexes):
         reported = {r.get("lfn") for r in reads}
         self.unread(known, [n for n in expected if n not in reported])
 
-    def held(self, known: KnownWorker, reads: Iterable[Mapping[str, object]]) -> None:
+    def held(self, known: KnownWorker, reads: Iterable[Mapping[str, object]]) -> int:
         """Apply a bundle's read records' news of its worker's column cache
         (:mod:`datavine.io.column_cache`): pieces and files whose columns were all dropped
         there (``dropped``); a cache generation other than the one it reported before (its
-        library or capped child was replaced: a cold cache) drops every piece it held."""
+        library or capped child was replaced: a cold cache) drops every piece it held.
+        Returns how many pieces the cache dropped that it was known to hold: evictions (a
+        cache that holds less than the run reads), not the pieces of a drop the manager
+        asked for (:meth:`drop_caches` forgot those already)."""
         dropped = [str(r["lfn"]) for r in reads if r.get("dropped")]
+        evicted = sum(1 for name in dropped if "@" in name and name in known.files_read)
         for r in reads:
             name = str(r.get("lfn", ""))
             if r.get("server") == "memory" and name.startswith(GENERATION):
@@ -261,6 +265,7 @@ class Topology(WorkerIndexes):
                     dropped.extend(f for f in known.files_read if "@" in f)
                 self._cache_generation[known.id] = name
         self.unread(known, dropped)
+        return evicted
 
     def drop_caches(self) -> None:
         """Every worker is to empty its column cache (``cluster.drop_caches()``): the next
