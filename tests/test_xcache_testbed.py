@@ -291,3 +291,45 @@ def test_unmonitored_testbed_opens_no_udp_and_serves_loopback_only(xcache_tools,
                     if set(re.findall(r"pid=(\d+)", line)) & pids], udp
         with pytest.raises(TestbedError, match="monitor"):
             tb.cache_stats()
+
+
+def _xrootd_that_crashes(tmp_path: Path, name: str, times: int) -> dict[str, str]:
+    """PATH with an ``xrootd`` that dies of SIGSEGV the first ``times`` starts of the server
+    named ``name``, then runs the real one."""
+    real = shutil.which("xrootd")
+    assert real is not None
+    fake = tmp_path / "bin" / "xrootd"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!/bin/sh
+prev=""; name=""
+for a in "$@"; do [ "$prev" = "-n" ] && name="$a"; prev="$a"; done
+if [ "$name" = "{name}" ]; then
+  echo start >> "{tmp_path}/starts"
+  if [ "$(wc -l < "{tmp_path}/starts")" -le {times} ]; then kill -SEGV $$; fi
+fi
+exec "{real}" "$@"
+""")
+    fake.chmod(0o755)
+    return {"PATH": f"{fake.parent}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("crashes", [1, 2])
+def test_a_shard_that_crashes_at_start_is_started_once_more(
+        xcache_tools, xcache_data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        crashes: int) -> None:
+    """XRootD died of a signal before answering once in four full test runs: the testbed
+    starts such a server once more; a second crash fails the start, naming the server."""
+    from datavine.io.xcache.testbed import TestbedError, XCacheTestbed
+
+    for var, value in _xrootd_that_crashes(tmp_path, "xcache-0", crashes).items():
+        monkeypatch.setenv(var, value)
+    if crashes == 1:
+        with XCacheTestbed(xcache_data, n_shards=1) as tb:
+            assert tb.shards[0].crashes == 1
+            arrays, _ = _read(tb.shard_map().rewrite(tb.origin_url + "/" + CACHE_FILES[0]))
+            assert _same(arrays, _local(xcache_data, CACHE_FILES[0]))
+    else:
+        with pytest.raises(TestbedError, match=r"xcache-0 exited with code -11 at start "
+                                               r"\(it crashed 2 times\)"):
+            XCacheTestbed(xcache_data, n_shards=1).start()
+    assert (tmp_path / "starts").read_text().count("start") == 2
