@@ -122,6 +122,12 @@ class Dispatcher:
             self.held.wake(gains)
         self.held.expire(now, lambda held: self._wait_start(held.since, held.home))
 
+    def bundle_pieces(self, bundle: Bundle) -> tuple[str, ...]:
+        """The pieces (entry ranges, which workers' column caches hold) ``bundle``'s tasks
+        read, without duplicates."""
+        pieces_of = self.pieces_of
+        return tuple(dict.fromkeys(p for k in bundle.keys for p in pieces_of(k)))
+
     def place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
         """Where ``bundle`` goes, and the rack holding its files."""
         placement, home, _ = self._place(bundle, now, since, None)
@@ -153,11 +159,9 @@ class Dispatcher:
             return held.task, held.home
         lfns = tuple(dict.fromkeys(logical_name(f) for f in bundle.files))
         shards = {f: self.shard_now(f, now) for f in lfns} if self.shardmap else {}
-        pieces_of = self.pieces_of  # the ranges workers' column caches hold
-        pieces = tuple(dict.fromkeys(p for k in bundle.keys for p in pieces_of(k)))
         task = TaskInputs(lfns, {f: s.rack if s else None for f, s in shards.items()},
                           {f: self.topology.shard_host(s) if s else None
-                           for f, s in shards.items()}, pieces)
+                           for f, s in shards.items()}, self.bundle_pieces(bundle))
         home = task.home_rack()
         if held is not None:
             held.task, held.home, held.built = task, home, built

@@ -60,7 +60,8 @@ class BackupCopies(RunParts):
         raise NotImplementedError
 
     def _forget(self, call: int, *, succeeded: bool = False,
-                why: str = "its first copy ended") -> Inflight | None:
+                why: str = "its first copy ended",
+                result: BundleResult | None = None) -> Inflight | None:
         raise NotImplementedError
 
     def _accept(self, entry: Inflight, result: BundleResult, addrport: str | None,

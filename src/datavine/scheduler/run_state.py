@@ -374,9 +374,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         column cache keeps them (:meth:`~datavine.scheduler.topology.Topology.expect`)."""
         if target.worker is None or not bundle.files or not self.cfg.column_cache:
             return ()
-        pieces_of = self.dispatch.pieces_of
-        return self.learned.topology.expect(
-            target.worker, (p for k in bundle.keys for p in pieces_of(k)))
+        return self.learned.topology.expect(target.worker, self.dispatch.bundle_pieces(bundle))
 
     def _expected_back(self, entry: Inflight, result: BundleResult | None) -> None:
         """What ``entry``'s worker was expected to hold and its result does not confirm
@@ -445,9 +443,11 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             self.planner.requeue(entry.bundle)
 
     def _forget(self, call: int, *, succeeded: bool = False,
-                why: str = "its first copy ended") -> Inflight | None:
+                why: str = "its first copy ended",
+                result: BundleResult | None = None) -> Inflight | None:
         """A call is no longer out: its slot is free, its backup copy (if any) cancelled,
-        and unless it ``succeeded`` the temps it was to make will never be."""
+        unless it ``succeeded`` the temps it was to make will never be, and the pieces its
+        worker was expected to hold count as held only where ``result`` says so."""
         entry = self.inflight.pop(call, None)
         if entry is not None:
             self._cancel_copy(call, why)
@@ -455,7 +455,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             self.lanes.remove(call, self.now)
             if not succeeded:
                 self.kept.failed(entry.plan)  # its outputs will never be there
-                self._expected_back(entry, None)  # nor, as far as is known, its pieces
+            self._expected_back(entry, result)
         return entry
 
     # --- results ----------------------------------------------------------------------------
@@ -466,11 +466,10 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         result = done.result
         ok = result is not None and result.ok
         entry = self._forget(done.call, succeeded=ok, why="its first copy came back first"
-                             if ok else "its first copy failed: the bundle is retried as a whole")
+                             if ok else "its first copy failed: the bundle is retried as a whole",
+                             result=result)
         if entry is None:
             return  # a call withdrawn earlier
-        if ok:
-            self._expected_back(entry, result)
         if done.unreadable is not None:
             self._fail(done.unreadable, entry.bundle, Reason.PROTOCOL)
         if result is None:  # the library or its worker died under the call
