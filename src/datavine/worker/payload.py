@@ -18,18 +18,20 @@ runs (its code, or a global it reads by value) is sent again in the second; the 
 objects are named by the run, so a second run never finds the first one's. Functions that
 reach each other through their globals are pickled apart (each with what it needs).
 
-The reply (:func:`reply_bytes`, :func:`read_reply`): the library writes a call's result as the
-call's standard output, which TaskVine's worker sends to the manager with its completion
-message when it is at most 1 KB (:data:`INLINE_MAX`), else at the manager's request (a
-round trip), so the manager fetches no result file. A larger result's pickle goes as it
-is, behind a short text head that names its length (:func:`reply_frame`): TaskVine keeps a
-standard output as a C string, which ends at the first NUL byte for whoever reads it as one
-(the bindings do), so the manager reads it by that length (``Internals.reply_reader``). A
-small one goes without NUL bytes (:func:`escape`: NUL and 0x01 as two bytes each, ~5% more
-on a result's pickle), because the worker sends what it sends inline as a C string (cut
-at its first NUL, the rest of the stream read as the output): so it stays inline (base64,
-a third more, took a small result over 1 KB and into the round trip). Base64 text, what an
-earlier datavine sent, still reads. TaskVine keeps at most 1 GB of it (:data:`REPLY_MAX`).
+The reply (:func:`reply_bytes`, :func:`read_reply`): the library writes a call's result as
+the call's standard output, which TaskVine's worker sends to the manager with its
+completion message when it is at most 1 KB (:data:`INLINE_MAX`), else at the manager's
+request (a round trip), so the manager fetches no result file (and the library's output
+file, which poncho pickles the function's return value into, holds a mark only:
+``remote.REPLIED``). A larger result's pickle goes as it is, behind a short text head that
+names its length (:func:`reply_frame`): TaskVine keeps a standard output as a C string,
+which ends at the first NUL byte for whoever reads it as one (the bindings do), so the
+manager reads it by that length (``Internals.reply_reader``). A small one goes without NUL
+bytes (:func:`escape`: NUL and 0x01 as two bytes each, ~5% more on a result's pickle),
+because the worker sends what it sends inline as a C string (cut at its first NUL, the rest
+of the stream read as the output): so it stays inline (base64, a third more, took a small
+result over 1 KB and into the round trip). Base64 text, what an earlier datavine sent,
+still reads. TaskVine keeps at most 1 GB of it (:data:`REPLY_MAX`).
 
 Standard library and cloudpickle only: imported on workers.
 """

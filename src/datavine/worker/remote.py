@@ -98,10 +98,13 @@ def _started_by_worker() -> bool:
 def run_bundle(payload: bytes, cap_mb: float | None = None,
                preload: tuple[str, ...] = (), limit_s: float | None = None,
                reply_file: str | None = None) -> dict[str, object]:
-    """Run one bundle; the entry point registered in the TaskVine library. Returns the
-    encoded :class:`datavine.protocol.BundleResult`, and writes it to ``reply_file`` too
-    when one is named (the call's standard output, which the worker sends to the manager:
-    :func:`reply`).
+    """Run one bundle; the entry point registered in the TaskVine library. Writes the
+    encoded :class:`datavine.protocol.BundleResult` to ``reply_file`` when one is named (the
+    call's standard output, which the worker sends to the manager: :func:`reply`) and
+    returns :data:`REPLIED`; without one, returns the encoded result. (The library pickles
+    what the function returns into the call's output file, which the manager never fetches:
+    the result written there too cost a second pickle and write of it, for a large result
+    its size again on the worker's disk.)
 
     ``payload`` is the pickled, encoded :class:`datavine.protocol.BundleSpec`
     (:mod:`datavine.worker.payload`).
@@ -152,7 +155,12 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
             shard_health().mark_failed(result.server, time.monotonic())
     else:
         result = dataclasses.replace(execute_payload(payload), peak_mb=_peak_rss_mb())
-    return reply(_stamp(result, started).encode(), reply_file)
+    record = reply(_stamp(result, started).encode(), reply_file)
+    return record if reply_file is None else REPLIED
+
+
+# what run_bundle returns once the result went as the call's reply
+REPLIED: dict[str, object] = {"replied": True}
 
 
 def reply(record: dict[str, object], reply_file: str | None) -> dict[str, object]:
