@@ -19,6 +19,7 @@ import uproot
 from datavine.apps.analysis.agc import ChunkResult
 from datavine.apps.scaletest import ScaleTestConfig, build_report, run_scale_test
 from datavine.apps.scaletest.cli import main
+from datavine.apps.scaletest.report import idle_time
 from datavine.apps.scaletest.run import ScaleTestError, fileset_files, make_chunks
 from datavine.apps.scaletest.tasks import ChunkRecord, FileInfo, Tally
 from datavine.io.datagen import generate_dataset
@@ -137,6 +138,30 @@ def test_report_figures_and_failed_files() -> None:
     assert sum(tl.gbps) * tl.dt == pytest.approx(4_000_000 * 8 / 1e9)
     assert report.busy_fraction == pytest.approx(2.0 / (2 * 1.5))  # 2 s of 2 x 1.5 s
     assert "busy_fraction=0.667" in report.figures_line()
+
+
+def test_the_idle_time_is_split_into_hand_overs_and_waits() -> None:
+    """A process's gaps under HANDOFF_S between two chunks are the hand-over from one call
+    to the next; a longer gap, the start and the end are waits."""
+    records = [record("a.root", 0.0, 1.0, 10, 1, "w0"),
+               record("a.root", 1.006, 2.0, 10, 1, "w0"),  # 6 ms: a hand-over
+               record("a.root", 2.5, 3.0, 10, 1, "w0"),  # 0.5 s: waiting for work
+               record("a.root", 0.0, 1.5, 10, 1, "w1"),
+               record("a.root", 1.512, 3.0, 10, 1, "w1")]  # 12 ms: a hand-over
+    report = build_report([FileInfo("a.root", 50)], Tally(ChunkResult.empty(), records),
+                          wall_s=3.0, t0=0.0, workers=2, cores=2)
+    window = 2 * 3.0
+    assert report.busy_fraction == pytest.approx(5.482 / window)
+    assert report.idle_between_chunks == pytest.approx(0.018 / window)
+    assert report.idle_waiting == pytest.approx(0.5 / window)
+    assert (report.gaps, report.gap_median_ms) == (2, pytest.approx(9.0))
+    assert "idle_between_chunks=0.003 gap_median_ms=9.00" in report.figures_line()
+    assert any("cores idle  0.3% between chunks (2 gaps under 20 ms, median 9.0 ms), 8.3% "
+               "waiting" in line for line in report.lines())
+    # a replaced capped child is a process of its own: no gap across processes
+    alone = idle_time([record("a.root", 0.0, 1.0, 10, 1, "w0"),
+                       record("a.root", 1.001, 2.0, 10, 1, "w9")], cores=1)
+    assert alone == (0.0, 0, 0.0)
 
 
 def test_report_prefers_the_runtime_figures() -> None:

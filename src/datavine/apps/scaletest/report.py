@@ -16,6 +16,12 @@ from the workers (:class:`~datavine.apps.scaletest.tasks.ChunkRecord`) and the r
   ``hit_fraction``, for the run and for each pass over the dataset (``passes``, with each
   pass's time, events and rates: a second pass over the same files on the same workers
   reads from memory);
+- ``busy_fraction``: the share of cores x (the first chunk's start to the last one's end)
+  that chunks ran, and where the rest went: ``idle_between_chunks``, in gaps under
+  :data:`HANDOFF_S` between one process's chunks (``gaps``, ``gap_median_ms``: the hand-over
+  from one call to the next, or from one chunk to the next in a call), and
+  ``idle_waiting`` (longer gaps: no chunk to run, held for another worker's cache, a pass's
+  end; and the start and the end);
 - ``timeline``: per time bin, connected and busy workers, data rate (Gbps), event rate
   (kHz) and the decoded bytes' rates from memory and from the files, each chunk's events
   and bytes spread over the time it ran.
@@ -26,13 +32,15 @@ records, so that the report does not depend on one version of the runtime.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from datavine.apps.jsondata import JSON
 from datavine.apps.scaletest.tasks import ChunkRecord, FileInfo, Tally
@@ -42,6 +50,9 @@ if TYPE_CHECKING:
 
 MAX_BINS = 120
 MIN_BIN_S = 0.25
+# a process's gap between two chunks shorter than this is the hand-over from one call to the
+# next (traced: ~2.4 ms a call on the 2-core VM), not a wait for work
+HANDOFF_S = 0.02
 
 
 class FailedFile(TypedDict):
@@ -134,6 +145,10 @@ class ScaleReport:
     peak_memory_mb_per_worker: dict[str, float]
     timeline: Timeline
     busy_fraction: float = 0.0  # cores busy from the first chunk's start to the last's end
+    idle_between_chunks: float = 0.0  # of the same, in a process's gaps under HANDOFF_S
+    idle_waiting: float = 0.0  # the rest: longer gaps, the start and the end
+    gaps: int = 0  # a process's gaps under HANDOFF_S between two chunks
+    gap_median_ms: float = 0.0  # their median
     cached_bytes: int = 0  # decoded bytes served from the workers' column caches
     decoded_bytes: int = 0  # decoded bytes decoded from the files
     hit_fraction: float = 0.0  # cached / (cached + decoded)
@@ -166,6 +181,9 @@ class ScaleReport:
             f"  event rate  {self.khz:,.1f} kHz, {self.khz_per_core:,.1f} kHz per core",
             f"  cores busy  {self.busy_fraction:.1%} of the time from the first chunk's start "
             "to the last one's end",
+            f"  cores idle  {self.idle_between_chunks:.1%} between chunks ({self.gaps:,} gaps "
+            f"under {HANDOFF_S * 1e3:.0f} ms, median {self.gap_median_ms:.1f} ms), "
+            f"{self.idle_waiting:.1%} waiting (for work, at the start and at the end)",
             f"  memory      peak {self.peak_memory_mb:,.0f} MB per worker (largest)",
             f"  files       {self.files_processed} processed, {self.files_failed} failed",
             f"  column cache {self.hit_fraction:.1%} of the decoded bytes from workers' memory "
@@ -187,7 +205,9 @@ class ScaleReport:
                 f"khz_per_core={self.khz_per_core:.1f} files_processed={self.files_processed} "
                 f"files_failed={self.files_failed} peak_memory_mb={self.peak_memory_mb:.0f} "
                 f"workers={self.workers} cores={self.cores} wall_s={self.wall_s:.2f} "
-                f"busy_fraction={self.busy_fraction:.3f} hit_fraction={self.hit_fraction:.3f} "
+                f"busy_fraction={self.busy_fraction:.3f} "
+                f"idle_between_chunks={self.idle_between_chunks:.3f} "
+                f"gap_median_ms={self.gap_median_ms:.2f} hit_fraction={self.hit_fraction:.3f} "
                 f"hit_fraction_by_pass={','.join(f'{p.hit_fraction:.3f}' for p in self.passes)}")
 
 
@@ -208,6 +228,8 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
     per_worker = _peak_per_worker(records, summary)
     cached = sum(r.cached_bytes for r in records if not r.error)
     decoded = sum(r.decoded_bytes for r in records if not r.error)
+    busy = busy_fraction(records, cores)
+    idle = idle_time(records, cores)
     return ScaleReport(
         files=len(infos), files_processed=sum(1 for i in infos if i.path not in bad),
         files_failed=len(bad), failed_files=failed_files, chunks=n_chunks,
@@ -222,7 +244,9 @@ def build_report(infos: Sequence[FileInfo], tally: Tally, *, wall_s: float, t0: 
         peak_memory_mb_per_worker=per_worker,
         timeline=build_timeline(records, t0=t0, wall_s=wall_s, summary=summary, bin_s=bin_s,
                                 workers=workers),
-        busy_fraction=busy_fraction(records, cores),
+        busy_fraction=busy, idle_between_chunks=idle.between_chunks,
+        idle_waiting=max(0.0, 1.0 - busy - idle.between_chunks) if records else 0.0,
+        gaps=idle.gaps, gap_median_ms=idle.gap_median_ms,
         cached_bytes=cached, decoded_bytes=decoded, hit_fraction=hit_fraction(cached, decoded),
         passes=pass_figures(records, t0=t0, passes=passes),
         histogram={"edges": tally.result.edges.tolist(),
@@ -267,6 +291,37 @@ def busy_fraction(records: Sequence[ChunkRecord], cores: int) -> float:
         return 0.0
     window = max(e for _, e in spans) - min(s for s, _ in spans)
     return min(1.0, sum(e - s for s, e in spans) / (cores * window)) if window > 0 else 1.0
+
+
+class IdleTime(NamedTuple):
+    """The share of cores x the chunks' window spent in short gaps between one process's
+    chunks (under :data:`HANDOFF_S`), how many there were and their median (ms)."""
+
+    between_chunks: float
+    gaps: int
+    gap_median_ms: float
+
+
+def idle_time(records: Sequence[ChunkRecord], cores: int) -> IdleTime:
+    """Where the cores idled between chunks (pure): each process's chunks in the order they
+    started, the gaps between one's end and the next one's start that are shorter than
+    :data:`HANDOFF_S` (a longer gap is a wait for work). A process is a record's ``worker``
+    (host and PID): a capped child replaced in the run is a process of its own."""
+    spans = [(r.worker, r.t_start, r.t_end) for r in records if r.t_end >= r.t_start]
+    if not spans or cores <= 0:
+        return IdleTime(0.0, 0, 0.0)
+    window = max(e for _, _, e in spans) - min(s for _, s, _ in spans)
+    by_process: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for worker, start, end in spans:
+        by_process[worker].append((start, end))
+    gaps: list[float] = []
+    for runs in by_process.values():
+        runs.sort()
+        gaps.extend(g for (_, end), (start, _) in itertools.pairwise(runs)
+                    if 0 <= (g := start - end) < HANDOFF_S)
+    share = sum(gaps) / (cores * window) if window > 0 else 0.0
+    return IdleTime(min(1.0, share), len(gaps),
+                    statistics.median(gaps) * 1e3 if gaps else 0.0)
 
 
 def build_timeline(records: Sequence[ChunkRecord], *, t0: float, wall_s: float,
