@@ -41,6 +41,7 @@ batch slot's other jobs. Standard library only: imported on workers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import struct
@@ -68,8 +69,12 @@ def worker_directory(environ: Mapping[str, str] = os.environ) -> Path | None:
     (``<workspace>/cache/datavine-inputs``, from ``WORKER_TMPDIR`` = ``<workspace>/temp``);
     None outside a worker."""
     temp = environ.get("WORKER_TMPDIR")
-    if not temp:
-        return None
+    return _folder_for(temp) if temp else None
+
+
+@functools.lru_cache(maxsize=8)
+def _folder_for(temp: str) -> Path:
+    """The cache's folder for a worker's ``temp`` folder (asked at every bundle, twice)."""
     return Path(temp).parent / "cache" / FOLDER
 
 
@@ -262,8 +267,10 @@ def configure(max_mb: float, epoch: int = 0, root: Path | None = None) -> DiskCa
     than the one that last emptied the folder for this worker's library empties it first
     (``cluster.drop_caches()``; see :func:`_take_epoch`)."""
     global _cache
+    if max_mb <= 0:
+        return None
     root = root if root is not None else worker_directory()
-    if max_mb <= 0 or root is None:
+    if root is None:
         return None
     if _cache is None or _cache.root != root:
         _cache = DiskCache(root, int(max_mb * MB))
