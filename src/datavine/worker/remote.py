@@ -156,10 +156,10 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
     else:
         result = dataclasses.replace(execute_payload(payload), peak_mb=_peak_rss_mb())
     record = reply(_stamp(result, started).encode(), reply_file)
-    return record if reply_file is None else REPLIED
+    return record if reply_file is None else dict(REPLIED)
 
 
-# what run_bundle returns once the result went as the call's reply
+# what run_bundle returns (a copy of) once the result went as the call's reply
 REPLIED: dict[str, object] = {"replied": True}
 
 
