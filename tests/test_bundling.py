@@ -175,6 +175,51 @@ def test_without_a_known_cost_or_a_holder_each_file_task_is_a_bundle() -> None:
         assert all(len(c) == 1 for c in chunks_of(bundles))
 
 
+def ordered_planner(held: dict[int, str]) -> Planner:
+    """6 chunk tasks in order (chunk i the i-th), each reading a piece (an entry range) of a
+    file of its own, and a sum of them; ``held``: the worker whose cache holds chunk i's
+    piece (the dict may change: the planner asks it at each look)."""
+    dsk: dict = {("chunk", i): (str, f"/data/f{i}.root") for i in range(6)}
+    dsk["total"] = (sum, [("chunk", i) for i in range(6)])
+    g = graph.build(dsk, ["total"])
+    files = {k: ((f"/data/f{k[1]}.root",) if isinstance(k, tuple) else ()) for k in g.nodes}
+    pieces = {k: ((f"/data/f{k[1]}.root@0-10",) if isinstance(k, tuple) else ()) for k in g.nodes}
+    order = {k: (k[1] if isinstance(k, tuple) else 6) for k in g.nodes}  # chunk i i-th
+    return Planner(g, files=files.__getitem__, costs=CostModel(), target_s=1.0, max_tasks=64,
+                   priority=order,
+                   cached_on=lambda k: held.get(k[1]) if isinstance(k, tuple) else None,
+                   pieces=pieces.__getitem__)
+
+
+def order_of(planner: Planner) -> list[int]:
+    out: list[int] = []
+    while formed := planner.next_bundles(1):
+        out += [i for c in chunks_of(formed) for i in c]
+        planner.complete(formed[0])
+    return out
+
+
+def test_ready_tasks_a_cache_holds_go_before_those_no_cache_holds() -> None:
+    """The first ready task in order reads a piece no worker's cache holds while chunks 3
+    and 5's pieces are held: they go first (a cache may drop them as the reads in order
+    fill it), then the order resumes. Nothing held: the order as it is."""
+    assert order_of(ordered_planner({})) == [0, 1, 2, 3, 4, 5]
+    assert order_of(ordered_planner({3: "w1", 5: "w2"})) == [3, 5, 0, 1, 2, 4]
+    assert order_of(ordered_planner({i: "w1" for i in range(6)})) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_piece_newly_held_draws_its_ready_readers_ahead() -> None:
+    """note_held: a piece a cache now holds (a result said so, or a call reading it was sent
+    to that worker) brings the ready tasks reading it before the tasks no cache holds."""
+    held: dict[int, str] = {}
+    planner = ordered_planner(held)
+    (first,) = planner.next_bundles(1)
+    assert chunks_of([first]) == [[0]]
+    held[4] = "w1"
+    planner.note_held(["/data/f4.root@0-10", "/data/elsewhere.root@0-10"])
+    assert order_of(planner) == [4, 1, 2, 3, 5]
+
+
 def merge_planner(merge_cost: float | None, light: Any = None,
                   max_tasks: int = 64) -> tuple[graph.TaskGraph, Planner]:
     """Four file reads; a merge of the first two, ready (both done) and first in line."""

@@ -314,6 +314,25 @@ def entries(chunk: tuple[str, int, int], *_: Any) -> int:
     return chunk[2] - chunk[1]
 
 
+def test_a_chunk_whose_piece_a_cache_holds_goes_before_the_order() -> None:
+    """Three chunks of three files; one worker's column cache holds the piece of the chunk
+    that comes last in order: it goes first (a cache keeps what the order of reads leaves
+    it), and the others follow in order."""
+    dsk = {name: (entries, (f"/data/{name}.root", 0, 10)) for name in ("a", "b", "c")}
+    pool = Pool(dsk, list(dsk), replace(CFG, bundles_per_slot=1))
+    order = sorted(dsk, key=pool.state.planner._priority.__getitem__)
+    last = order[-1]
+    topology = pool.state.learned.topology
+    for name in ("w1", "w2"):
+        topology.announce(name, None, cores=1)
+    path = f"/data/{last}.root"  # w1 read that chunk: the file, its piece, the marker
+    topology.learn("w1", None, "127.0.0.1:9001", [path, piece_name(path, 0, 10),
+                                                   marker_name(path)])
+    first, second = of(Submit, pool.tick())
+    assert first.spec.keys == [last] and first.target.worker == "w1"
+    assert second.spec.keys == [order[0]]
+
+
 def test_a_chunk_in_flight_draws_its_later_copy_to_the_worker_that_will_hold_it() -> None:
     """Two chunks of one file go to the worker that read the file; the first one's result
     tells placement that the worker's column cache holds pieces of the file (so it matches

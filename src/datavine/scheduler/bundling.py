@@ -8,7 +8,10 @@ frontier values travel. Bundle size follows measured task durations per category
 (``target_bundle_s``); unknown categories are spread evenly over the free slots. A task
 that reads an input file is a seed of its own, so it can be placed near its data and
 retried alone; cheap merges ready before it go in its call (:meth:`Planner._carried`), so
-they do not take the slot in a worker's queue that lets it read the file ahead.
+they do not take the slot in a worker's queue that lets it read the file ahead. A ready file
+task whose pieces a worker's column cache holds goes before the first in order when that one
+reads pieces no cache holds (:meth:`Planner._seed`): a cache keeps what the order of reads
+leaves it, and a held piece read later may be gone by then.
 
 No I/O here: the runtime feeds results in and asks for bundles out.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -84,14 +88,25 @@ class Planner:
                  costs: CostModel, target_s: float, max_tasks: int,
                  priority: Mapping[Key, int] | None = None,
                  holder: Callable[[Key], str | None] | None = None,
-                 light: Callable[[Key], bool] | None = None) -> None:
+                 light: Callable[[Key], bool] | None = None,
+                 cached_on: Callable[[Key], str | None] | None = None,
+                 pieces: Callable[[Key], tuple[str, ...]] | None = None) -> None:
         """``priority``: the order ready tasks are taken in (lower first; default dask's,
         ``graph.priority``; :func:`datavine.scheduler.longest_first.longest_first` gives
         one where larger reads go first). ``light``: whether a task that reads no file
         needs little memory (its inputs are small), so it may go in a file task's call
-        (:meth:`_carried`; None: every such task)."""
+        (:meth:`_carried`; None: every such task). ``holder``: the worker whose cache holds
+        a task's pieces, for grouping them (:meth:`_held_with`); ``cached_on``: the same,
+        for the order (:meth:`_seed`), with ``pieces`` (a task's pieces) and
+        :meth:`note_held` (None: dask's order, or ``priority``)."""
         self.graph = graph
         self._holder = holder
+        self._cached_on = cached_on if pieces is not None else None
+        self._pieces = pieces
+        # piece -> the ready file tasks that read it; the ready file tasks a worker's cache
+        # held when last looked at, by priority (both kept lazily: see _waiting)
+        self._readers: defaultdict[str, set[Key]] = defaultdict(set)
+        self._cached: list[tuple[int, Key]] = []
         self._light = light
         self._priority = graph.priority if priority is None else priority
         self._files = files
@@ -105,7 +120,43 @@ class Planner:
         self.done: set[Key] = set()
         for key, n in self._missing.items():
             if n == 0:
-                heapq.heappush(self._ready, (self._priority[key], key))
+                self._push(key)
+
+    def _push(self, key: Key) -> None:
+        """``key`` is ready: into the ready heap, and, a file task with pieces, among the
+        readers of its pieces (and the held ones when a cache holds them)."""
+        heapq.heappush(self._ready, (self._priority[key], key))
+        if self._cached_on is None or self._pieces is None or not self._files(key):
+            return
+        pieces = self._pieces(key)
+        for piece in pieces:
+            self._readers[piece].add(key)
+        if pieces and self._cached_on(key) is not None:
+            heapq.heappush(self._cached, (self._priority[key], key))
+
+    def _waiting(self, key: Key) -> bool:
+        """Whether ``key`` is ready and not yet in a bundle."""
+        return key not in self._scheduled and key not in self.done and self._missing[key] == 0
+
+    def note_held(self, names: Iterable[str]) -> None:
+        """A worker's column cache now holds ``names`` (pieces, among other names), or will:
+        a call reading them was sent there. The ready tasks reading them that some cache
+        now holds whole go first (:meth:`_seed`)."""
+        cached_on = self._cached_on
+        if cached_on is None:
+            return
+        for name in names:
+            readers = self._readers.get(name)
+            if not readers:
+                continue
+            live = {key for key in readers if self._waiting(key)}
+            if live:
+                self._readers[name] = live
+            else:
+                del self._readers[name]
+            for key in live:
+                if cached_on(key) is not None:
+                    heapq.heappush(self._cached, (self._priority[key], key))
 
     @property
     def finished(self) -> bool:
@@ -126,14 +177,37 @@ class Planner:
             bundles.append(self._form(n_bundles - len(bundles)))
         return bundles
 
+    def _seed(self) -> Key:
+        """The task the next bundle starts with: the first ready task in order, unless it
+        reads pieces that no worker's column cache holds while some ready file task's pieces
+        are all held by one: then the first of those (the held pieces are read while they
+        are there; the order's next read would make a cache drop some of them)."""
+        first = self._ready[0][1]
+        cached_on = self._cached_on
+        if not self._cached or cached_on is None or not self._files(first):
+            return first
+        if not self._pieces or not self._pieces(first) or cached_on(first) is not None:
+            return first
+        while self._cached:
+            key = self._cached[0][1]
+            if self._waiting(key) and cached_on(key) is not None:
+                return key
+            heapq.heappop(self._cached)
+        return first
+
     def _form(self, n_bundles: int) -> Bundle:
-        first_key = self._ready[0][1]
-        category = self.graph.category(first_key)
+        seed = self._seed()
+        category = self.graph.category(seed)
         size = bundle_size(self.costs.estimate(category), len(self._ready), n_bundles,
                            target_s=self._target_s, max_tasks=self._max_tasks)
         members: list[Key] = []
         files: list[str] = []
-        while self._ready:
+        out_of_order = seed != self._ready[0][1]
+        if out_of_order:  # its entry in the ready heap goes stale (_drop_stale)
+            members.append(seed)
+            files.extend(self._files(seed))
+            self._group(seed, category, size, members, files)
+        while self._ready and not out_of_order:
             if self._drop_stale():
                 continue
             key = self._ready[0][1]
@@ -144,12 +218,7 @@ class Planner:
             members.append(key)
             files.extend(key_files)
             if key_files:
-                if (len(members) == 1 and size > 1
-                        and self.costs.estimate(category) is not None):
-                    for other in self._held_with(key, category,
-                                                 min(size, HELD_TOGETHER) - 1):
-                        members.append(other)
-                        files.extend(self._files(other))
+                self._group(key, category, size, members, files)
                 break
         self._scheduled.update(members)
         members = self._closure(members)
@@ -167,6 +236,15 @@ class Planner:
             if k in graph.outputs or any(d not in member_set for d in graph.dependents[k])
         }
         return Bundle(next(self._ids), members, inputs, outputs, tuple(files))
+
+    def _group(self, key: Key, category: str, size: int, members: list[Key],
+               files: list[str]) -> None:
+        """A file task that starts a bundle (``members``: it alone) takes the ready tasks
+        whose pieces the same worker holds with it (:meth:`_held_with`), up to ``size``."""
+        if len(members) == 1 and size > 1 and self.costs.estimate(category) is not None:
+            for other in self._held_with(key, category, min(size, HELD_TOGETHER) - 1):
+                members.append(other)
+                files.extend(self._files(other))
 
     def _carried(self, members: list[Key]) -> bool:
         """Whether a file task may go in one call behind ``members`` (tasks that read no
@@ -238,14 +316,14 @@ class Planner:
                     continue
                 self._missing[dep] -= 1
                 if self._missing[dep] == 0 and dep not in self._scheduled:
-                    heapq.heappush(self._ready, (self._priority[dep], dep))
+                    self._push(dep)
 
     def requeue(self, bundle: Bundle) -> None:
         """Put a failed bundle's tasks back: they are ready again (their inputs are kept)."""
         self._scheduled.difference_update(bundle.keys)
         for key in bundle.keys:
             if self._missing[key] == 0:
-                heapq.heappush(self._ready, (self._priority[key], key))
+                self._push(key)
 
     def undo(self, lost: Iterable[Key], available: Callable[[Key], bool]) -> set[Key]:
         """Done tasks whose values were lost (the worker holding them left) must run again,
@@ -269,5 +347,5 @@ class Planner:
                 if dep not in undone and dep not in self.done:
                     self._missing[dep] += 1
             if self._missing[key] == 0:
-                heapq.heappush(self._ready, (self._priority[key], key))
+                self._push(key)
         return undone

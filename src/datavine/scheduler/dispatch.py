@@ -26,6 +26,7 @@ from datavine.scheduler.held import Held, HeldBundles
 from datavine.scheduler.pieces import PiecesOf
 from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
 from datavine.scheduler.topology import Target, Topology
+from datavine.scheduler.worker_index import FILE
 
 Key = Hashable
 LOOKAHEAD_FACTOR = 4  # bundles considered per free slot when the first ones must wait
@@ -40,14 +41,16 @@ class Dispatcher:
     """
 
     def __init__(self, planner: Planner, topology: Topology, policy: PlacementPolicy | None,
-                 shardmap: ShardMap | None, health: ShardHealth, bundles_per_slot: int) -> None:
+                 shardmap: ShardMap | None, health: ShardHealth, bundles_per_slot: int,
+                 pieces_of: PiecesOf | None = None) -> None:
         self.planner = planner
         self.topology = topology
         self.policy = policy
         self.shardmap = shardmap
         self.health = health
         self.bundles_per_slot = bundles_per_slot
-        self.pieces_of = PiecesOf(planner.graph.nodes)  # each task's pieces, found once
+        # each task's pieces, found once (the run's, shared with its planner)
+        self.pieces_of = pieces_of if pieces_of is not None else PiecesOf(planner.graph.nodes)
         self.held = HeldBundles()
         self.newly_held: list[Bundle] = []
         self.last_near: dict[str, float] = {}  # rack -> when it last got a near bundle
@@ -115,6 +118,8 @@ class Dispatcher:
         self._gains_read = topology.gains.end
         failed = tuple(self.health.failed(now)) if self.shardmap is not None else ()
         state = (topology.epoch, failed, topology.bundles_per_core, len(self.anywhere))
+        if gains:  # pieces now held somewhere: the ready tasks reading them go first
+            self.planner.note_held(name for kind, name in gains if kind == FILE)
         if gains is None or state != self._state:
             self._state = state
             self.held.all_due()

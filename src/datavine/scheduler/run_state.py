@@ -58,7 +58,7 @@ from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
 from datavine.scheduler.longest_first import longest_first
 from datavine.scheduler.once import FirstSeen
-from datavine.scheduler.pieces import task_entries
+from datavine.scheduler.pieces import PiecesOf, task_entries
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.run_copies import BackupCopies, speculate_every
 from datavine.scheduler.run_failures import FailedCalls, shown, task_error
@@ -107,18 +107,22 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         self.start = self.last_worker = self.now
         if self.files_of is None:
             self.files_of = {k: task_files(n) for k, n in graph.nodes.items()}.__getitem__
+        self.pieces_of = PiecesOf(graph.nodes)  # each task's pieces, found once
+        held_first = cfg.column_cache and cfg.placement is not None
         self.planner = Planner(graph, files=self.files_of, costs=learned.costs,
                                target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks,
                                priority=self._order(graph) if cfg.longest_first else None,
-                               holder=self._holder,
-                               light=self._light)
+                               holder=self._holder, light=self._light,
+                               cached_on=self._cached_on if held_first else None,
+                               pieces=self.pieces_of)
         if learned.memory is not None:  # caps leave the column caches their room
             learned.memory.cache_share = cfg.column_cache_share if cfg.column_cache else 0.0
             learned.memory.cache_mb = cfg.column_cache_mb
         if cfg.racks is not None and learned.topology.racks is None:
             learned.topology.racks = cfg.racks  # for workers seen from now on
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
-                                   learned.shard_health, cfg.bundles_per_slot)
+                                   learned.shard_health, cfg.bundles_per_slot,
+                                   pieces_of=self.pieces_of)
         self._temps = itertools.count(1)
         self._calls = itertools.count(1)
         # workers whose column cache evicted a piece in this run (see _holder)
@@ -325,11 +329,17 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         the order of reads leaves it, and grouped calls there lost hits (the scale test's
         fell from ~0.70 to ~0.61, its time no better); with room for every piece, grouping
         took ~25% off its time (benchmarks/SCALETEST.md)."""
-        pieces = self.dispatch.pieces_of(key)
-        holder = self.learned.topology.holder(pieces) if pieces else None
+        holder = self._cached_on(key)
         if holder is not None and self.learned.memory is not None and holder in self._pressed:
             return None
         return holder
+
+    def _cached_on(self, key: Key) -> str | None:
+        """The worker whose column cache holds (or, a call reading them sent there, will
+        hold) every piece ``key`` reads: the planner takes such tasks before tasks whose
+        pieces no cache holds (:meth:`datavine.scheduler.bundling.Planner._seed`)."""
+        pieces = self.pieces_of(key)
+        return self.learned.topology.holder(pieces) if pieces else None
 
     def _light(self, key: Key) -> bool:
         """Whether ``key``'s inputs all came back to the manager (values small enough to be
