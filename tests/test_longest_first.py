@@ -9,7 +9,7 @@ from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import CostModel, Planner
 from datavine.scheduler.inputs import task_files
 from datavine.scheduler.learned import Learned
-from datavine.scheduler.longest_first import longest_first
+from datavine.scheduler.longest_first import longest_first, size_classes
 from datavine.scheduler.pieces import task_entries
 from datavine.scheduler.run_state import RunState
 
@@ -64,6 +64,28 @@ def test_equal_sizes_or_none_keep_dasks_order() -> None:
     assert longest_first(priority, {"a": 10, "b": 10, "c": 10}) == priority
     assert longest_first(priority, {}) == priority
     assert longest_first(priority, {"zz-not-in-graph": 5, "a": 1}) == priority
+
+
+def test_chunks_that_differ_by_an_entry_keep_dasks_order() -> None:
+    """A file of 250,000 entries in 3 chunks: 83,333, 83,333 and 83,334. Ordered by that one
+    entry, the larger chunks of every file (and, in the scale test, of every pass) went
+    first; within SAME_SIZE of each other, sizes are equal."""
+    priority = {f"c{i}": i for i in range(6)}
+    near = {"c0": 83_333, "c1": 83_333, "c2": 83_334, "c3": 83_333, "c4": 83_333,
+            "c5": 83_334}
+    assert longest_first(priority, near) == priority
+    # a short last chunk is still a size of its own
+    short = {"c0": 100_000, "c1": 100_000, "c2": 50_000, "c3": 99_999, "c4": 100_000,
+             "c5": 50_000}
+    assert longest_first(priority, short) == {"c0": 0, "c1": 1, "c3": 2, "c4": 3,
+                                              "c2": 4, "c5": 5}
+
+
+def test_sizes_are_classed_from_the_largest_down() -> None:
+    """A class is the sizes within SAME_SIZE of its largest: 100 and 96 are one, 92 (under
+    95) starts the next, with 90; 50 is a class of its own."""
+    assert size_classes([92, 100, 50, 96, 90]) == {100: 0, 96: 0, 92: 1, 90: 1, 50: 2}
+    assert size_classes([]) == {}
 
 
 def test_a_tasks_entries_come_from_its_chunk() -> None:
