@@ -123,7 +123,8 @@ class RunConfig:
             ends; also the library's function slots.
         longest_first: tasks that read the most entries go out first
             (:mod:`datavine.scheduler.longest_first`): a run's last bundles are its
-            shortest, so its cores finish close together; equal chunks keep dask's order.
+            shortest, so its cores finish close together; equal chunks (within 5% of each
+            other) keep dask's order.
         wait_s: the longest the manager waits for a result in one loop turn (whole seconds,
             >= 1: TaskVine's wait takes whole seconds and does nothing with 0); a result is
             handled as soon as it arrives.
