@@ -103,9 +103,10 @@ class Planner:
         self._holder = holder
         self._cached_on = cached_on if pieces is not None else None
         self._pieces = pieces
-        # piece -> the ready file tasks that read it; the ready file tasks a worker's cache
-        # held when last looked at, by priority (both kept lazily: see _waiting)
-        self._readers: defaultdict[str, set[Key]] = defaultdict(set)
+        # piece -> the ready file tasks that read it (a list: most pieces have one reader);
+        # the ready file tasks a worker's cache held when last looked at, by priority (both
+        # kept lazily: see _waiting)
+        self._readers: defaultdict[str, list[Key]] = defaultdict(list)
         self._cached: list[tuple[int, Key]] = []
         self._light = light
         self._priority = graph.priority if priority is None else priority
@@ -130,13 +131,13 @@ class Planner:
             return
         pieces = self._pieces(key)
         for piece in pieces:
-            self._readers[piece].add(key)
+            self._readers[piece].append(key)
         if pieces and self._cached_on(key) is not None:
             heapq.heappush(self._cached, (self._priority[key], key))
 
     def _waiting(self, key: Key) -> bool:
         """Whether ``key`` is ready and not yet in a bundle."""
-        return key not in self._scheduled and key not in self.done and self._missing[key] == 0
+        return key not in self._scheduled and self._missing[key] == 0  # done: scheduled too
 
     def note_held(self, names: Iterable[str]) -> None:
         """A worker's column cache now holds ``names`` (pieces, among other names), or will:
@@ -149,7 +150,7 @@ class Planner:
             readers = self._readers.get(name)
             if not readers:
                 continue
-            live = {key for key in readers if self._waiting(key)}
+            live = [key for key in dict.fromkeys(readers) if self._waiting(key)]
             if live:
                 self._readers[name] = live
             else:
@@ -184,9 +185,9 @@ class Planner:
         are there; the order's next read would make a cache drop some of them)."""
         first = self._ready[0][1]
         cached_on = self._cached_on
-        if not self._cached or cached_on is None or not self._files(first):
+        if not self._cached or cached_on is None or self._pieces is None:
             return first
-        if not self._pieces or not self._pieces(first) or cached_on(first) is not None:
+        if not self._files(first) or not self._pieces(first) or cached_on(first) is not None:
             return first
         while self._cached:
             key = self._cached[0][1]
@@ -202,24 +203,25 @@ class Planner:
                            target_s=self._target_s, max_tasks=self._max_tasks)
         members: list[Key] = []
         files: list[str] = []
-        out_of_order = seed != self._ready[0][1]
-        if out_of_order:  # its entry in the ready heap goes stale (_drop_stale)
+        if seed != self._ready[0][1]:  # out of order: its heap entry goes stale (_drop_stale)
             members.append(seed)
             files.extend(self._files(seed))
             self._group(seed, category, size, members, files)
-        while self._ready and not out_of_order:
-            if self._drop_stale():
-                continue
-            key = self._ready[0][1]
-            key_files = self._files(key)
-            if members and not (self._carried(members) if key_files else len(members) < size):
-                break  # a file-reading task starts its own bundle, unless it carries these
-            heapq.heappop(self._ready)
-            members.append(key)
-            files.extend(key_files)
-            if key_files:
-                self._group(key, category, size, members, files)
-                break
+        else:
+            while self._ready:
+                if self._drop_stale():
+                    continue
+                key = self._ready[0][1]
+                key_files = self._files(key)
+                if members and not (self._carried(members) if key_files
+                                    else len(members) < size):
+                    break  # a file-reading task starts its own bundle, unless it carries these
+                heapq.heappop(self._ready)
+                members.append(key)
+                files.extend(key_files)
+                if key_files:
+                    self._group(key, category, size, members, files)
+                    break
         self._scheduled.update(members)
         members = self._closure(members)
         graph = self.graph

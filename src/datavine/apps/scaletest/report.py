@@ -286,11 +286,19 @@ def pass_figures(records: Sequence[ChunkRecord], *, t0: float,
 def busy_fraction(records: Sequence[ChunkRecord], cores: int) -> float:
     """The share of ``cores`` x (the first chunk's start to the last chunk's end) that chunks
     ran (pure): 1.0 means no core idled between chunks, nor at a pass's end."""
-    spans = [(r.t_start, r.t_end) for r in records if r.t_end >= r.t_start]
+    spans, window = _spans(records)
     if not spans or cores <= 0:
         return 0.0
-    window = max(e for _, e in spans) - min(s for s, _ in spans)
-    return min(1.0, sum(e - s for s, e in spans) / (cores * window)) if window > 0 else 1.0
+    return min(1.0, sum(e - s for _, s, e in spans) / (cores * window)) if window > 0 else 1.0
+
+
+def _spans(records: Sequence[ChunkRecord]) -> tuple[list[tuple[str, float, float]], float]:
+    """Each chunk's (process, start, end), and the window from the first start to the last
+    end (0 without chunks)."""
+    spans = [(r.worker, r.t_start, r.t_end) for r in records if r.t_end >= r.t_start]
+    if not spans:
+        return spans, 0.0
+    return spans, max(e for _, _, e in spans) - min(s for _, s, _ in spans)
 
 
 class IdleTime(NamedTuple):
@@ -307,10 +315,9 @@ def idle_time(records: Sequence[ChunkRecord], cores: int) -> IdleTime:
     started, the gaps between one's end and the next one's start that are shorter than
     :data:`HANDOFF_S` (a longer gap is a wait for work). A process is a record's ``worker``
     (host and PID): a capped child replaced in the run is a process of its own."""
-    spans = [(r.worker, r.t_start, r.t_end) for r in records if r.t_end >= r.t_start]
+    spans, window = _spans(records)
     if not spans or cores <= 0:
         return IdleTime(0.0, 0, 0.0)
-    window = max(e for _, _, e in spans) - min(s for _, s, _ in spans)
     by_process: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for worker, start, end in spans:
         by_process[worker].append((start, end))
