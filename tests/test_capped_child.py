@@ -192,3 +192,107 @@ def test_needs_fresh_child(alive: bool, idle: float, cap: float | None,
         assert not fresh  # nothing to protect
     else:
         assert fresh == (idle > fraction * cap)
+
+
+# --- a queued call sent to the child ahead of its run --------------------------------------------
+def started_at(seconds: float = 0.0) -> float:
+    """When the call started here (this host's clock), after sleeping ``seconds``."""
+    began = time.time()
+    time.sleep(seconds)
+    return began
+
+
+def folder(tmp_path: Path, name: str) -> str:
+    path = tmp_path / name
+    path.mkdir()
+    return str(path)
+
+
+def test_a_queued_call_sent_ahead_runs_before_its_run_and_returns_there(
+        child: CappedChild, tmp_path: Path) -> None:
+    cap = idle_mb(child) + 200
+    first, second = folder(tmp_path, "func.1"), folder(tmp_path, "func.2")
+    assert child.run(int, cap_mb=cap, sandbox=first).ok
+    child.queue(started_at, cap_mb=cap, sandbox=second)
+    assert child.send_ahead() and child.sent_ahead == 1
+    time.sleep(0.3)
+    asked = time.time()
+    ahead = child.run(started_at, cap_mb=cap, sandbox=second)
+    assert ahead.ok and ahead.value < asked - 0.2  # it ran before its run was called
+    assert not child.send_ahead()  # nothing more queued
+    assert child.started == 1
+
+
+def test_a_call_sent_ahead_is_watched_against_its_cap(child: CappedChild,
+                                                       tmp_path: Path) -> None:
+    cap = idle_mb(child) + 100
+    first, second = folder(tmp_path, "func.1"), folder(tmp_path, "func.2")
+    child.queue(allocate, (300, 5.0), cap_mb=cap, sandbox=second)
+    assert child.run(int, cap_mb=cap, sandbox=first).ok
+    assert child.send_ahead()
+    over = child.run(allocate, (300, 5.0), cap_mb=cap, sandbox=second)
+    assert over.exceeded and not over.ok and over.peak_mb >= cap
+    assert child.pid is None  # killed with the call
+
+
+def test_a_cancelled_call_sent_ahead_that_ends_soon_keeps_the_child(
+        child: CappedChild, tmp_path: Path) -> None:
+    """The worker cancelled the queued call (removed its sandbox) after it went ahead: one
+    that ends within CANCELLED_GRACE_S is waited for, and the child (its caches) stays."""
+    cap = idle_mb(child) + 200
+    first, cancelled, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
+    child.run(int, cap_mb=cap, sandbox=first)
+    marker = tmp_path / "cancelled-ran"
+    child.queue(allocate, (10, 0.3, str(marker)), cap_mb=cap, sandbox=cancelled)
+    assert child.send_ahead()
+    os.rmdir(cancelled)
+    after = child.run(whoami, cap_mb=cap, sandbox=third)
+    assert after.ok and marker.exists() and child.started == 1
+
+
+def test_a_call_sent_ahead_whose_run_never_comes_is_stopped_by_the_next_run(
+        child: CappedChild, tmp_path: Path) -> None:
+    """The worker cancelled the queued call (removed its sandbox) after it went ahead: the
+    next call's run gives it CANCELLED_GRACE_S, then stops it with the child, and runs."""
+    cap = idle_mb(child) + 200
+    first, cancelled, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
+    child.run(int, cap_mb=cap, sandbox=first)
+    first_pid = child.pid
+    child.queue(time.sleep, (60.0,), cap_mb=cap, sandbox=cancelled)
+    assert child.send_ahead()
+    os.rmdir(cancelled)
+    began = time.monotonic()
+    after = child.run(whoami, cap_mb=cap, sandbox=third)
+    assert after.ok and time.monotonic() - began < 10  # not the 60 s sleep
+    assert first_pid is not None and not psutil.pid_exists(first_pid)
+    assert after.value == (child.pid, os.getpid()) and child.started == 2
+
+
+def test_a_call_sent_ahead_for_another_run_ends_before_that_run_and_keeps_the_child(
+        child: CappedChild, tmp_path: Path) -> None:
+    cap = idle_mb(child) + 200
+    first, skipped, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
+    child.run(int, cap_mb=cap, sandbox=first)
+    marker = tmp_path / "skipped-ran"
+    child.queue(allocate, (10, 0.2, str(marker)), cap_mb=cap, sandbox=skipped)
+    assert child.send_ahead()
+    after = child.run(whoami, cap_mb=cap, sandbox=third)
+    assert after.ok and marker.exists()  # the one ahead finished first; its value dropped
+    assert after.value == (child.pid, os.getpid()) and child.started == 1
+
+
+def test_nothing_goes_ahead_that_already_ran_that_is_gone_or_that_needs_a_fresh_child(
+        tmp_path: Path) -> None:
+    with CappedChild(recycle_fraction=0.5) as child:
+        idle = idle_mb(child)
+        ran, gone, big = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
+        child.run(int, cap_mb=idle + 500, sandbox=ran)
+        child.queue(int, cap_mb=idle + 500, sandbox=ran)  # its hook came after its run
+        assert not child.send_ahead()
+        child.queue(int, cap_mb=idle + 500, sandbox=gone)
+        os.rmdir(gone)
+        assert not child.send_ahead()
+        child.queue(int, cap_mb=idle, sandbox=big)  # idles above half of that cap
+        assert not child.send_ahead()
+        fresh = child.run(whoami, cap_mb=idle, sandbox=big)  # the usual way: a new child
+        assert fresh.ok and child.started == 2 and child.sent_ahead == 0

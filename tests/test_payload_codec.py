@@ -7,6 +7,7 @@ from __future__ import annotations
 import binascii
 import os
 import pickle
+import time
 from pathlib import Path
 from types import FunctionType
 from typing import cast
@@ -198,3 +199,42 @@ def test_real_calls_bring_small_and_large_replies_and_a_changed_function(
         space["SCALE"] = 5
         assert cluster.get(graph, [("x", 3)]) == (15,)
         assert cluster.last_summary is not None and not cluster.last_summary.failures
+
+
+def test_a_queued_capped_bundle_goes_to_the_child_as_the_one_before_it_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's hook (patch 0018) reads a queued bundle's call from its infile, as the
+    manager wrote it; run_bundle sends it to the capped child as soon as the running one
+    came back well, and the queued call's own run_bundle takes its result from there."""
+    monkeypatch.setattr(remote, "_CHILD", None)
+    f = by_value("def f(x):\n    import os, time\n    return os.getpid(), time.time(), x\n")
+    encoder = payload.BundleEncoder()
+    sandboxes = []
+    for i in range(2):
+        sandbox = tmp_path / f"func.{i}"
+        sandbox.mkdir()
+        event = {"fn_args": (encoder.dumps(spec_of("k", f, i)), 2048.0, (), None, REPLY_FILE),
+                 "fn_kwargs": {}}
+        (sandbox / "infile").write_bytes(pickle.dumps(event))
+        sandboxes.append(sandbox)
+    assert payload.call_arguments(str(sandboxes[1]))[0][1] == 2048.0
+    assert payload.call_arguments(str(tmp_path / "gone")) is None
+    try:
+        remote.call_queued(2, "run_bundle", str(sandboxes[1]))  # queued behind the first
+        values, asked = [], []
+        for sandbox in sandboxes:  # as poncho runs a call: in its sandbox, from its infile
+            monkeypatch.chdir(sandbox)
+            args = pickle.loads((sandbox / "infile").read_bytes())["fn_args"]
+            time.sleep(0.5)  # the library writes the first result out meanwhile
+            asked.append(time.time())
+            assert remote.run_bundle(*args) == remote.REPLIED
+            result = BundleResult.decode(payload.read_reply((sandbox / REPLY_FILE).read_bytes()))
+            assert result.ok, result.message
+            values.append(cloudpickle.loads(result.values["k"]))
+        child = remote._capped_child()
+        assert child.sent_ahead == 1 and child.started == 1
+        assert [x for _, _, x in values] == [0, 1]
+        assert values[0][0] == values[1][0] != os.getpid()  # one capped child ran both
+        assert values[1][1] < asked[1]  # the second began before its run_bundle was called
+    finally:
+        remote._capped_child().close()

@@ -22,6 +22,13 @@ so its allocator, imports and caches stay warm, and watches it the same way duri
   first calls arrive together, before its first call starts one) waits for the next child
   (:data:`PENDING_HINTS` at most; not the one naming the call that starts it, its
   ``sandbox``); one is dropped when the pipe is full.
+* with :meth:`CappedChild.queue`, a call queued behind the running one is pickled ahead, and
+  :meth:`CappedChild.send_ahead` sends it the moment the running one's result is in, before
+  the library writes that result out and the worker and the manager wake to take it (on 2
+  cores those took the freed core first: ~2-3 ms between a child's calls). ``run`` for that
+  call then finds it running and watches it from there. A call sent ahead whose ``run``
+  never comes (the worker cancelled it: its sandbox is gone) is waited for by the next
+  ``run`` for up to :data:`CANCELLED_GRACE_S`, then stopped with the child.
 
 A cap therefore reads as it does for :func:`~datavine.worker.memcap.run_capped`: "the process would
 show this RSS", what ``ps`` and TaskVine's resource monitor count. The child's
@@ -38,7 +45,9 @@ import select
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import NoReturn
 
 import cloudpickle
@@ -52,6 +61,9 @@ _LENGTH = struct.Struct("!Q")  # a request: its length, then cloudpickle((fn, ar
 # idles under 0.8 x its cap: only one that grew (a leak, caches) beyond that is replaced.
 RECYCLE_FRACTION = 0.8
 PENDING_HINTS = 16  # hints kept for a child not started yet, at most
+QUEUED_AHEAD = 8  # calls kept pickled for send_ahead, at most (a library queues few)
+# how long a call sent ahead and then cancelled may go on (it keeps the child and its cache)
+CANCELLED_GRACE_S = 1.0
 
 
 def needs_fresh_child(alive: bool, idle_mb: float, cap_mb: float | None,
@@ -61,6 +73,35 @@ def needs_fresh_child(alive: bool, idle_mb: float, cap_mb: float | None,
     if not alive:
         return True
     return cap_mb is not None and idle_mb > recycle_fraction * cap_mb
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A call queued behind the running one (:meth:`CappedChild.queue`): its request,
+    pickled, and what ``run`` would watch it with."""
+
+    sandbox: str
+    request: bytes
+    cap_mb: float | None
+    time_limit_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SentAhead:
+    """A queued call that went to the child before its ``run`` (:meth:`CappedChild.send_ahead`):
+    the child's RSS before it, and when it went."""
+
+    call: Queued
+    idle_kb: int
+    sent: float
+
+
+def ahead_fits(queued: Queued, alive: bool, idle_kb: int, recycle_fraction: float) -> bool:
+    """Whether ``queued`` may go to the child now, ahead of its ``run``: the child is alive
+    and would not be replaced for it (:func:`needs_fresh_child`), and its sandbox is still
+    there (a cancelled call's is removed). Pure but for the one ``isdir``."""
+    return (not needs_fresh_child(alive, idle_kb / 1024.0, queued.cap_mb, recycle_fraction)
+            and os.path.isdir(queued.sandbox))
 
 
 class CappedChild:
@@ -83,7 +124,14 @@ class CappedChild:
         self.recycle_fraction = recycle_fraction
         self.pid: int | None = None
         self.started = 0  # children forked so far
+        self.sent_ahead = 0  # calls sent before their run (send_ahead)
         self._requests = self._results = -1
+        self._queued: deque[Queued] = deque(maxlen=QUEUED_AHEAD)  # by queue(), in order
+        # the sandboxes of the last calls run: poncho hands a call to the library's loop
+        # before its hook sees it, so a call's queue() may come after its run()
+        self._ran: deque[str] = deque(maxlen=4 * QUEUED_AHEAD)
+        self._queue_lock = threading.Lock()  # queue() runs on the library's reading thread
+        self._ahead: SentAhead | None = None  # the call the child runs before its run()
 
     def run(self, fn: Callable[..., object], args: tuple[object, ...] = (),
             kwargs: Mapping[str, object] | None = None, *, cap_mb: float | None,
@@ -91,18 +139,96 @@ class CappedChild:
         """``sandbox``: the call's folder; the call is stopped once it is gone (the worker
         removed it: the call was cancelled, :meth:`datavine.worker.memcap.Watch.gone`)."""
         started = time.perf_counter()
-        request = cloudpickle.dumps((fn, args, kwargs or {}))
-        alive = self.pid is not None and not memcap.exited(self.pid)
-        idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm") if alive else 0
-        if needs_fresh_child(alive, idle_kb / 1024.0, cap_mb, self.recycle_fraction):
-            self.close()
-            self._start(sandbox)
-            idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
+        self._unqueue(sandbox)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (sandbox is None or ahead.call.sandbox != sandbox):
+            self._end_ahead(ahead)  # its run never came: cancelled, or a run of another call
+            ahead = None
+        if ahead is not None:  # already running: watch it from here
+            idle_kb = ahead.idle_kb
+        else:
+            request = cloudpickle.dumps((fn, args, kwargs or {}))
+            alive = self.pid is not None and not memcap.exited(self.pid)
+            idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm") if alive else 0
+            if needs_fresh_child(alive, idle_kb / 1024.0, cap_mb, self.recycle_fraction):
+                self.close()
+                self._start(sandbox)
+                idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
         assert self.pid is not None
-        pid = self.pid
-        watch = memcap.Watch(pid, cap_mb, self.scan_every_s, time_limit_s, sandbox)
+        watch = memcap.Watch(self.pid, cap_mb, self.scan_every_s, time_limit_s, sandbox)
+        return self._collect(watch, None if ahead is not None else request, started, idle_kb)
+
+    def queue(self, fn: Callable[..., object], args: tuple[object, ...] = (),
+              kwargs: Mapping[str, object] | None = None, *, cap_mb: float | None,
+              time_limit_s: float | None = None, sandbox: str) -> None:
+        """A call ``run`` will be asked for later (the library has it queued behind the
+        running one): pickled now, off the running call's path, for :meth:`send_ahead`.
+        Thread-safe; the oldest is dropped beyond :data:`QUEUED_AHEAD`."""
+        request = cloudpickle.dumps((fn, args, kwargs or {}))
+        with self._queue_lock:
+            if sandbox not in self._ran:  # else it runs, or ran, already
+                self._queued.append(Queued(sandbox, request, cap_mb, time_limit_s))
+
+    def send_ahead(self) -> bool:
+        """Send the first queued call (:meth:`queue`) to the child now, when the call before
+        it ended well and the child may run it (:func:`ahead_fits`); its ``run`` watches it
+        from then on. Call this as soon as a call's result is in and judged good. Returns
+        whether one went."""
+        if self._ahead is not None or self.pid is None:
+            return False
+        with self._queue_lock:
+            queued = self._queued.popleft() if self._queued else None
+        if queued is None:
+            return False
+        alive = not memcap.exited(self.pid)
+        idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm") if alive else 0
+        if not ahead_fits(queued, alive, idle_kb, self.recycle_fraction):
+            return False
         try:
-            self._send(request)
+            self._send(queued.request)
+        except OSError:  # it died after its call: its run starts another the usual way
+            return False
+        self._ahead = SentAhead(queued, idle_kb, time.perf_counter())
+        self.sent_ahead += 1
+        return True
+
+    def _unqueue(self, sandbox: str | None) -> None:
+        """``sandbox``'s call is being run: it is no longer one to send ahead."""
+        if sandbox is None:
+            return
+        with self._queue_lock:
+            self._ran.append(sandbox)
+            if any(q.sandbox == sandbox for q in self._queued):
+                kept = [q for q in self._queued if q.sandbox != sandbox]
+                self._queued.clear()
+                self._queued.extend(kept)
+
+    def _end_ahead(self, ahead: SentAhead) -> None:
+        """A call sent ahead whose ``run`` did not come (the worker cancelled it: a backup
+        copy that lost, mostly): wait for it under its cap, and drop what it returned. Once
+        its sandbox is gone it gets :data:`CANCELLED_GRACE_S` more, then it is stopped with
+        the child: a call cancelled while it ran is stopped at once, but this one started
+        early only to save a hand-over, and the child holds the worker's column cache."""
+        if self.pid is None:
+            return
+        call = ahead.call
+        gone = not os.path.isdir(call.sandbox)
+        left = (None if call.time_limit_s is None
+                else call.time_limit_s - (time.perf_counter() - ahead.sent))
+        if gone:
+            left = CANCELLED_GRACE_S if left is None else min(left, CANCELLED_GRACE_S)
+        watch = memcap.Watch(self.pid, call.cap_mb, self.scan_every_s,
+                             None if left is None else max(0.0, left),
+                             None if gone else call.sandbox)
+        self._collect(watch, None, ahead.sent, ahead.idle_kb)
+
+    def _collect(self, watch: memcap.Watch, request: bytes | None, started: float,
+                 idle_kb: int) -> CappedResult:
+        """Send ``request`` (None: the child has its call already) and watch the call to its
+        end; the child is stopped when its frame is not whole or it left processes."""
+        try:
+            if request is not None:
+                self._send(request)
             frame = memcap.collect(self._results, watch, self.poll_s)
         except BrokenPipeError:  # it died between two calls: the frame says nothing
             frame = bytearray()
@@ -190,6 +316,7 @@ class CappedChild:
     def _stop(self) -> int:
         """Kill the child's group, reap the child: its wait status."""
         pid, self.pid = self.pid, None
+        self._ahead = None  # a call sent ahead dies with it: its run starts it again
         with self._hint_lock:
             hints, self._hints = self._hints, -1
         for fd in (self._requests, self._results, hints):

@@ -71,6 +71,23 @@ def shared(run: bytes, number: int, blob: bytes) -> object:
     return found
 
 
+def call_arguments(sandbox: str) -> tuple[tuple[object, ...], dict[str, object]] | None:
+    """(args, kwargs) of the library call waiting in ``sandbox``, from the ``infile`` that
+    TaskVine put there (poncho's event: ``fn_args``, ``fn_kwargs``); None when it is gone
+    (cancelled) or not such an event."""
+    try:
+        with open(os.path.join(sandbox, "infile"), "rb") as f:
+            event = cloudpickle.load(f)
+    except Exception:  # removed (cancelled), cut, or not ours to read
+        return None
+    if not isinstance(event, dict):
+        return None
+    args, kwargs = event.get("fn_args") or (), event.get("fn_kwargs") or {}
+    if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+        return None
+    return tuple(args), kwargs
+
+
 def decode(payload: bytes) -> object:
     """The spec's record (a dict, as :meth:`BundleSpec.encode` made it) in ``payload``."""
     return pickle.loads(payload)

@@ -35,8 +35,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-import cloudpickle
-
 from datavine.io import column_cache, prefetch_store, read_profile
 from datavine.io.prefetch_store import PrefetchStore
 from datavine.protocol import BundleSpec
@@ -194,15 +192,16 @@ def _branches(tree: str, job: Job, wait_s: float = PROFILE_WAIT_S) -> tuple[str,
 
 def read_spec(sandbox: str) -> BundleSpec | None:
     """The spec of the call waiting in ``sandbox`` (None: not a bundle call, or gone)."""
+    arguments = payload_codec.call_arguments(sandbox)
+    if arguments is None:
+        return None
+    args, kwargs = arguments
+    payload = args[0] if args else kwargs.get("payload")
+    if not isinstance(payload, bytes) or (len(args) > 1 and not args[1]):
+        return None  # not a bundle, or an uncapped one (it runs in the library)
     try:
-        with open(os.path.join(sandbox, "infile"), "rb") as f:
-            event = cloudpickle.load(f)
-        args: list[object] = list(event.get("fn_args") or ())
-        payload = args[0] if args else event.get("fn_kwargs", {}).get("payload")
-        if not isinstance(payload, bytes) or (len(args) > 1 and not args[1]):
-            return None  # not a bundle, or an uncapped one (it runs in the library)
         return BundleSpec.decode(payload_codec.decode(payload))
-    except Exception:  # cancelled (its sandbox removed), or not ours to read
+    except Exception:  # not ours to read
         return None
 
 

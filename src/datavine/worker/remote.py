@@ -122,10 +122,9 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
     started = time.perf_counter()
     _preload(preload)
     if cap_mb:
-        hard = None if limit_s is None else limit_s + HARD_LIMIT_GRACE_S
         sandbox = os.getcwd()
         capped = _capped_child().run(execute_payload, (payload, sandbox), cap_mb=cap_mb,
-                                     time_limit_s=hard, sandbox=sandbox)
+                                     time_limit_s=_hard_limit(limit_s), sandbox=sandbox)
         result: BundleResult
         if capped.cancelled:  # nobody reads this: the worker dropped the call
             result = BundleResult(Status.ERROR, message="cancelled while it ran")
@@ -148,7 +147,9 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
             result = BundleResult(Status.ERROR, message=f"{capped.error}{sig}",
                                   traceback=capped.traceback or "", crashed=True)
         result = dataclasses.replace(result, peak_mb=capped.peak_mb, cap_mb=cap_mb)
-        if not result.ok:  # its retry gets a clean process: fresh caches
+        if result.ok:  # the next queued call starts while this one's result goes out
+            _capped_child().send_ahead()
+        else:  # its retry gets a clean process: fresh caches
             _capped_child().close()
         _learn_shard_failures(result.reads)
         if result.status is Status.INPUT and result.server:  # a child's health dies with it
@@ -224,9 +225,43 @@ def call_queued(function_id: int, function_name: str, sandbox: str) -> None:
     arrived in its pipe. A bundle's sandbox goes to the capped child, which reads ahead for
     it (:mod:`datavine.worker.prefetch`; an uncapped bundle runs here and is not). The
     library's first calls arrive together, before a child process exists: the capped child
-    keeps their hints for the process the first call starts."""
-    if function_name == "run_bundle":
-        _capped_child().hint(sandbox.encode())
+    keeps their hints for the process the first call starts. A capped bundle is also pickled
+    for the child now (:meth:`CappedChild.queue`), to be sent to it the moment the call
+    before it ends well (:meth:`CappedChild.send_ahead`, from :func:`run_bundle`)."""
+    if function_name != "run_bundle":
+        return
+    child = _capped_child()
+    child.hint(sandbox.encode())
+    call = _bundle_call(payload_codec.call_arguments(sandbox))
+    if call is not None and call[1]:
+        payload, cap_mb, _, limit_s = call
+        child.queue(execute_payload, (payload, sandbox), cap_mb=cap_mb,
+                    time_limit_s=_hard_limit(limit_s), sandbox=sandbox)
+
+
+def _bundle_call(arguments: tuple[tuple[object, ...], dict[str, object]] | None,
+                 ) -> tuple[bytes, float | None, tuple[str, ...], float | None] | None:
+    """(payload, cap_mb, preload, limit_s) of a :func:`run_bundle` call's arguments (None:
+    none, or not a bundle call's)."""
+    if arguments is None:
+        return None
+
+    def named(payload: bytes, cap_mb: float | None = None, preload: tuple[str, ...] = (),
+              limit_s: float | None = None, reply_file: str | None = None,
+              ) -> tuple[bytes, float | None, tuple[str, ...], float | None]:
+        return payload, cap_mb, preload, limit_s
+
+    try:
+        call = named(*arguments[0], **arguments[1])  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return call if isinstance(call[0], bytes) else None
+
+
+def _hard_limit(limit_s: float | None) -> float | None:
+    """When a capped bundle's child is killed: ``HARD_LIMIT_GRACE_S`` after its tasks'
+    limits (None: never)."""
+    return None if limit_s is None else limit_s + HARD_LIMIT_GRACE_S
 
 
 def _stamp(result: BundleResult, started: float) -> BundleResult:
