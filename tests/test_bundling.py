@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datavine.scheduler import graph
-from datavine.scheduler.bundling import HELD_TOGETHER, CostModel, Planner, bundle_size
+from datavine.scheduler.bundling import (
+    HELD_TOGETHER,
+    CostModel,
+    Planner,
+    bundle_size,
+    group_size,
+)
 from datavine.scheduler.run_messages import Submit
 from tests.test_run_state import CFG, Pool, of
 
@@ -129,11 +135,11 @@ def test_requeued_bundle_runs_again_and_completes() -> None:
 
 
 def held_planner(holders: dict[int, str | None], cost_s: float | None = 0.01,
-                 target_s: float = 0.04) -> Planner:
-    """12 chunk tasks, each reading a piece of its own file, merged by one sum; ``holders``:
-    the worker whose cache holds chunk i's piece (None: no one's)."""
-    dsk: dict = {("chunk", i): (str, f"/data/f{i}.root") for i in range(12)}
-    dsk["total"] = (sum, [("chunk", i) for i in range(12)])
+                 target_s: float = 0.04, n: int = 12) -> Planner:
+    """``n`` chunk tasks, each reading a piece of its own file, merged by one sum;
+    ``holders``: the worker whose cache holds chunk i's piece (None: no one's)."""
+    dsk: dict = {("chunk", i): (str, f"/data/f{i}.root") for i in range(n)}
+    dsk["total"] = (sum, [("chunk", i) for i in range(n)])
     g = graph.build(dsk, ["total"])
     files = {k: ((f"/data/f{k[1]}.root",) if isinstance(k, tuple) else ()) for k in g.nodes}
     costs = CostModel()
@@ -165,8 +171,28 @@ def test_file_tasks_held_by_one_worker_go_together_up_to_the_bundle_size() -> No
 
 
 def test_held_tasks_go_together_by_at_most_held_together() -> None:
-    bundles = held_planner({i: "w1" for i in range(12)}, target_s=1.0).next_bundles(1)
+    n = 3 * HELD_TOGETHER
+    bundles = held_planner({i: "w1" for i in range(n)}, target_s=1.0, n=n).next_bundles(1)
     assert [len(c) for c in chunks_of(bundles)] == [HELD_TOGETHER]
+
+
+def test_held_tasks_go_together_only_as_far_as_the_ready_ones_fill_every_core() -> None:
+    """At a run's end the calls get smaller, down to single chunks: no core waits behind
+    another's long call."""
+    planner = held_planner({i: "w1" for i in range(12)}, target_s=1.0)
+    sizes = []
+    while formed := planner.next_bundles(1, cores=4):
+        sizes += [len(c) for c in chunks_of(formed) if c]
+    assert sizes[0] == 3  # ceil(12 ready / 4 cores), not the 12 the target would take
+    assert sizes == sorted(sizes, reverse=True) and sizes[-3:] == [1, 1, 1]
+    assert sum(sizes) == 12
+
+
+@given(st.integers(1, 100), st.integers(0, 1000), st.integers(0, 64))
+def test_group_size(size: int, n_ready: int, cores: int) -> None:
+    got = group_size(size, n_ready, cores)
+    assert 1 <= got <= max(1, min(size, HELD_TOGETHER))
+    assert got == 1 or got <= -(-n_ready // max(1, cores))  # the ready tasks' share a core
 
 
 def test_without_a_known_cost_or_a_holder_each_file_task_is_a_bundle() -> None:

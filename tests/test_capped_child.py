@@ -212,9 +212,9 @@ def test_a_queued_call_sent_ahead_runs_before_its_run_and_returns_there(
         child: CappedChild, tmp_path: Path) -> None:
     cap = idle_mb(child) + 200
     first, second = folder(tmp_path, "func.1"), folder(tmp_path, "func.2")
+    child.queue(started_at, cap_mb=cap, sandbox=second)  # arrives while the first runs
     assert child.run(int, cap_mb=cap, sandbox=first).ok
-    child.queue(started_at, cap_mb=cap, sandbox=second)
-    assert child.send_ahead() and child.sent_ahead == 1
+    assert child.sent_ahead == 1  # sent as the first one's value came in
     time.sleep(0.3)
     asked = time.time()
     ahead = child.run(started_at, cap_mb=cap, sandbox=second)
@@ -229,7 +229,7 @@ def test_a_call_sent_ahead_is_watched_against_its_cap(child: CappedChild,
     first, second = folder(tmp_path, "func.1"), folder(tmp_path, "func.2")
     child.queue(allocate, (300, 5.0), cap_mb=cap, sandbox=second)
     assert child.run(int, cap_mb=cap, sandbox=first).ok
-    assert child.send_ahead()
+    assert child.sent_ahead == 1
     over = child.run(allocate, (300, 5.0), cap_mb=cap, sandbox=second)
     assert over.exceeded and not over.ok and over.peak_mb >= cap
     assert child.pid is None  # killed with the call
@@ -241,10 +241,10 @@ def test_a_cancelled_call_sent_ahead_that_ends_soon_keeps_the_child(
     that ends within CANCELLED_GRACE_S is waited for, and the child (its caches) stays."""
     cap = idle_mb(child) + 200
     first, cancelled, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
-    child.run(int, cap_mb=cap, sandbox=first)
     marker = tmp_path / "cancelled-ran"
     child.queue(allocate, (10, 0.3, str(marker)), cap_mb=cap, sandbox=cancelled)
-    assert child.send_ahead()
+    child.run(int, cap_mb=cap, sandbox=first)
+    assert child.sent_ahead == 1
     os.rmdir(cancelled)
     after = child.run(whoami, cap_mb=cap, sandbox=third)
     assert after.ok and marker.exists() and child.started == 1
@@ -256,10 +256,10 @@ def test_a_call_sent_ahead_whose_run_never_comes_is_stopped_by_the_next_run(
     next call's run gives it CANCELLED_GRACE_S, then stops it with the child, and runs."""
     cap = idle_mb(child) + 200
     first, cancelled, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
+    child.queue(time.sleep, (60.0,), cap_mb=cap, sandbox=cancelled)
     child.run(int, cap_mb=cap, sandbox=first)
     first_pid = child.pid
-    child.queue(time.sleep, (60.0,), cap_mb=cap, sandbox=cancelled)
-    assert child.send_ahead()
+    assert child.sent_ahead == 1
     os.rmdir(cancelled)
     began = time.monotonic()
     after = child.run(whoami, cap_mb=cap, sandbox=third)
@@ -272,13 +272,32 @@ def test_a_call_sent_ahead_for_another_run_ends_before_that_run_and_keeps_the_ch
         child: CappedChild, tmp_path: Path) -> None:
     cap = idle_mb(child) + 200
     first, skipped, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
-    child.run(int, cap_mb=cap, sandbox=first)
     marker = tmp_path / "skipped-ran"
     child.queue(allocate, (10, 0.2, str(marker)), cap_mb=cap, sandbox=skipped)
-    assert child.send_ahead()
+    child.run(int, cap_mb=cap, sandbox=first)
+    assert child.sent_ahead == 1
     after = child.run(whoami, cap_mb=cap, sandbox=third)
     assert after.ok and marker.exists()  # the one ahead finished first; its value dropped
     assert after.value == (child.pid, os.getpid()) and child.started == 1
+
+
+def test_a_call_sent_ahead_of_a_bad_value_starts_again_in_a_fresh_child(
+        child: CappedChild, tmp_path: Path) -> None:
+    """A call that raised sends nothing ahead; one whose value its caller finds bad closes
+    the child, and the call sent ahead with it: its run starts it again in a new child."""
+    cap = idle_mb(child) + 200
+    first, second, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
+    child.queue(started_at, cap_mb=cap, sandbox=second)
+    raised = child.run(int, ("not a number",), cap_mb=cap, sandbox=first)
+    assert not raised.ok and child.sent_ahead == 0
+    child.close()  # as run_bundle does after a result that is not OK
+    again = child.run(started_at, cap_mb=cap, sandbox=second)
+    assert again.ok and child.started == 2
+    child.queue(whoami, cap_mb=cap, sandbox=third)
+    assert child.run(int, cap_mb=cap, sandbox=first).ok and child.sent_ahead == 1
+    child.close()
+    fresh = child.run(whoami, cap_mb=cap, sandbox=third)
+    assert fresh.ok and fresh.value == (child.pid, os.getpid()) and child.started == 3
 
 
 def test_nothing_goes_ahead_that_already_ran_that_is_gone_or_that_needs_a_fresh_child(

@@ -361,15 +361,11 @@ def test_a_chunk_in_flight_draws_its_later_copy_to_the_worker_that_will_hold_it(
     assert topology.holder([piece_name(path, 10, 20)]) is None
 
 
-@pytest.mark.parametrize(("capped", "asked", "grouped"),
-                         [(True, False, False), (False, False, True), (True, True, True)])
-def test_chunks_a_worker_holds_go_together_until_its_cache_drops_a_piece(
-        capped: bool, asked: bool, grouped: bool) -> None:
+@pytest.mark.parametrize("capped", [True, False])
+def test_chunks_a_worker_holds_go_together_after_its_cache_drops_a_piece(capped: bool) -> None:
     """The planner puts ready chunks that one worker's column cache holds in one call to it
-    (the worker is their *holder*). Under memory caps, only until that cache evicts a piece
-    it held in this run (it holds less than the run reads: grouped calls there lost hits);
-    uncapped, always. A drop the manager asked for (``cluster.drop_caches()``) is no
-    eviction."""
+    (the worker is their *holder*), capped or not, also after that cache dropped a piece
+    (it holds less than the run reads): the held chunks go first, so the hits stay."""
     path, other = "/data/f.root", piece_name("/data/g.root", 0, 10)
     dsk = {"a": (entries, (path, 0, 10)), "b": (entries, (path, 0, 10), "a")}
     cfg = replace(CFG, memory=MemoryPolicy() if capped else None)
@@ -380,8 +376,6 @@ def test_chunks_a_worker_holds_go_together_until_its_cache_drops_a_piece(
     assert pool.state.planner._holder is not None  # the planner asks, capped or not
     (sent,) = of(Submit, pool.tick())
     assert sent.target.worker == "w1" and pool.state._holder("b") == "w1"
-    if asked:
-        topology.drop_caches()
     reads = [{"lfn": piece_name(path, 0, 10), "server": "memory"},
              {"lfn": marker_name(path), "server": "memory"},
              {"lfn": other, "server": "memory", "dropped": True}]
@@ -389,5 +383,5 @@ def test_chunks_a_worker_holds_go_together_until_its_cache_drops_a_piece(
                           worker="w1")
     pool.finish(sent.call, "127.0.0.1:9001", result)
     assert topology.holder([piece_name(path, 0, 10)]) == "w1"
-    assert topology.holder([other]) is None
-    assert pool.state._holder("b") == ("w1" if grouped else None)
+    assert topology.holder([other]) is None  # the dropped piece is no one's now
+    assert pool.state._holder("b") == "w1"

@@ -61,7 +61,7 @@ class CostModel:
 
 
 HOLDER_SCAN = 256  # ready tasks looked at for ones held by the same worker (the heap's first)
-HELD_TOGETHER = 4  # the most file tasks held by one worker that go in one bundle
+HELD_TOGETHER = 16  # the most file tasks held by one worker that go in one bundle
 CARRIED_SHARE = 0.1  # merges this cheap (of the bundle target) go in a file task's call
 
 
@@ -79,6 +79,14 @@ def bundle_size(estimate_s: float | None, n_ready: int, n_bundles: int, *,
     else:
         size = math.ceil(n_ready / max(1, n_bundles))
     return max(1, min(max_tasks, size))
+
+
+def group_size(size: int, n_ready: int, cores: int) -> int:
+    """How many held file tasks go in one call (:meth:`Planner._group`): ``size`` (from
+    their measured cost), at most :data:`HELD_TOGETHER`, and at most the ready tasks' share
+    of each of the ``cores`` running at once, so that the ready work still spreads over
+    every core (pure)."""
+    return max(1, min(size, HELD_TOGETHER, math.ceil(n_ready / max(1, cores))))
 
 
 class Planner:
@@ -118,6 +126,7 @@ class Planner:
         self._missing = {k: len(d) for k, d in graph.dependencies.items()}
         self._ready: list[tuple[int, Key]] = []
         self._scheduled: set[Key] = set()
+        self._cores = 1  # bundles running at once (next_bundles)
         self.done: set[Key] = set()
         for key, n in self._missing.items():
             if n == 0:
@@ -167,8 +176,11 @@ class Planner:
     def n_ready(self) -> int:
         return len(self._ready)
 
-    def next_bundles(self, n_bundles: int) -> list[Bundle]:
-        """Up to ``n_bundles`` bundles from the ready tasks, highest priority first."""
+    def next_bundles(self, n_bundles: int, cores: int = 1) -> list[Bundle]:
+        """Up to ``n_bundles`` bundles from the ready tasks, highest priority first;
+        ``cores``: how many bundles run at once in the pool (held file tasks go together
+        only as far as the ready ones still fill every core: :meth:`_group`)."""
+        self._cores = max(1, cores)
         bundles: list[Bundle] = []
         while len(bundles) < n_bundles:
             while self._drop_stale():
@@ -242,9 +254,13 @@ class Planner:
     def _group(self, key: Key, category: str, size: int, members: list[Key],
                files: list[str]) -> None:
         """A file task that starts a bundle (``members``: it alone) takes the ready tasks
-        whose pieces the same worker holds with it (:meth:`_held_with`), up to ``size``."""
+        whose pieces the same worker holds with it (:meth:`_held_with`), up to ``size`` and
+        :data:`HELD_TOGETHER`, and no more than the ready tasks' share of a core
+        (:func:`group_size`): at a run's end the last calls are single chunks, so no core
+        idles behind another's long call."""
+        size = group_size(size, len(self._ready), self._cores)
         if len(members) == 1 and size > 1 and self.costs.estimate(category) is not None:
-            for other in self._held_with(key, category, min(size, HELD_TOGETHER) - 1):
+            for other in self._held_with(key, category, size - 1):
                 members.append(other)
                 files.extend(self._files(other))
 

@@ -79,7 +79,7 @@ class Dispatcher:
             else:
                 if not fresh:
                     want = min(room, lookahead - len(self.held))
-                    fresh.extend(self.planner.next_bundles(want) if want > 0 else ())
+                    fresh.extend(self.planner.next_bundles(want, slots) if want > 0 else ())
                     if not fresh:
                         break
                 bundle, since = fresh.popleft(), now

@@ -125,8 +125,6 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                                    pieces_of=self.pieces_of)
         self._temps = itertools.count(1)
         self._calls = itertools.count(1)
-        # workers whose column cache evicted a piece in this run (see _holder)
-        self._pressed: set[str] = set()
         self._out: list[Instruction] = []
         self.kept = Intermediates(self._temps.__next__,
                                   lambda temp: self._out.append(DropTemp(temp)),
@@ -323,16 +321,12 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
 
     def _holder(self, key: Key) -> str | None:
         """The worker whose column cache holds every piece ``key`` reads: the planner
-        bundles tasks held by the same worker together. Under memory caps, only while that
-        worker's cache has evicted no piece in this run (a drop the manager asked for is no
-        eviction: ``Topology.held``): a cache that holds less than the run reads keeps what
-        the order of reads leaves it, and grouped calls there lost hits (the scale test's
-        fell from ~0.70 to ~0.61, its time no better); with room for every piece, grouping
-        took ~25% off its time (benchmarks/SCALETEST.md)."""
-        holder = self._cached_on(key)
-        if holder is not None and self.learned.memory is not None and holder in self._pressed:
-            return None
-        return holder
+        bundles tasks held by the same worker together. (Until 2026-11-27, under memory caps
+        only while that cache had evicted no piece in the run: grouped calls to a cache that
+        holds less than the run reads lost hits, 0.70 to 0.61 in the scale test. Since the
+        held chunks go first, hits stay at their most, and grouping there too took the scale
+        test's time from 3.62 to 3.27 s: benchmarks/SCALETEST.md.)"""
+        return self._cached_on(key)
 
     def _cached_on(self, key: Key) -> str | None:
         """The worker whose column cache holds (or, a call reading them sent there, will
@@ -576,9 +570,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                                             host=result.host or None)
         self.summary.add_reads(reads, result.rack)
         if known is not None:
-            # files its column cache dropped; evicted ones: it holds less than the run reads
-            if self.learned.topology.held(known, reads):
-                self._pressed.add(known.id)
+            self.learned.topology.held(known, reads)  # what its column cache dropped
             self._say(self.learned.network.reads(known.id, result.host, reads, self.now,
                                                  self.start))
         for r in reads:

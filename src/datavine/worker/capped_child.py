@@ -23,12 +23,12 @@ so its allocator, imports and caches stay warm, and watches it the same way duri
   (:data:`PENDING_HINTS` at most; not the one naming the call that starts it, its
   ``sandbox``); one is dropped when the pipe is full.
 * with :meth:`CappedChild.queue`, a call queued behind the running one is pickled ahead, and
-  :meth:`CappedChild.send_ahead` sends it the moment the running one's result is in, before
-  the library writes that result out and the worker and the manager wake to take it (on 2
-  cores those took the freed core first: ~2-3 ms between a child's calls). ``run`` for that
-  call then finds it running and watches it from there. A call sent ahead whose ``run``
-  never comes (the worker cancelled it: its sandbox is gone) is waited for by the next
-  ``run`` for up to :data:`CANCELLED_GRACE_S`, then stopped with the child.
+  ``run`` sends it (:meth:`CappedChild.send_ahead`) the moment the running one's value is in,
+  before the library reads and writes that value out and the worker and the manager wake to
+  take it (on 2 cores those took the freed core first: ~2-3 ms between a child's calls).
+  ``run`` for that call then finds it running and watches it from there. A call sent ahead
+  whose ``run`` never comes (the worker cancelled it: its sandbox is gone) is waited for by
+  the next ``run`` for up to :data:`CANCELLED_GRACE_S`, then stopped with the child.
 
 A cap therefore reads as it does for :func:`~datavine.worker.memcap.run_capped`: "the process would
 show this RSS", what ``ps`` and TaskVine's resource monitor count. The child's
@@ -156,7 +156,8 @@ class CappedChild:
                 idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
         assert self.pid is not None
         watch = memcap.Watch(self.pid, cap_mb, self.scan_every_s, time_limit_s, sandbox)
-        return self._collect(watch, None if ahead is not None else request, started, idle_kb)
+        return self._collect(watch, None if ahead is not None else request, started, idle_kb,
+                             then_next=True)
 
     def queue(self, fn: Callable[..., object], args: tuple[object, ...] = (),
               kwargs: Mapping[str, object] | None = None, *, cap_mb: float | None,
@@ -170,10 +171,11 @@ class CappedChild:
                 self._queued.append(Queued(sandbox, request, cap_mb, time_limit_s))
 
     def send_ahead(self) -> bool:
-        """Send the first queued call (:meth:`queue`) to the child now, when the call before
-        it ended well and the child may run it (:func:`ahead_fits`); its ``run`` watches it
-        from then on. Call this as soon as a call's result is in and judged good. Returns
-        whether one went."""
+        """Send the first queued call (:meth:`queue`) to the child now, if the child may run
+        it (:func:`ahead_fits`); its ``run`` watches it from then on. ``run`` does this as
+        soon as a call's value is in, before it is unpickled: a caller that then finds the
+        value bad and :meth:`close`-s the child ends the call sent ahead with it (its own
+        ``run`` then starts it again, in a fresh child). Returns whether one went."""
         if self._ahead is not None or self.pid is None:
             return False
         with self._queue_lock:
@@ -223,9 +225,11 @@ class CappedChild:
         self._collect(watch, None, ahead.sent, ahead.idle_kb)
 
     def _collect(self, watch: memcap.Watch, request: bytes | None, started: float,
-                 idle_kb: int) -> CappedResult:
+                 idle_kb: int, then_next: bool = False) -> CappedResult:
         """Send ``request`` (None: the child has its call already) and watch the call to its
-        end; the child is stopped when its frame is not whole or it left processes."""
+        end; the child is stopped when its frame is not whole or it left processes. With
+        ``then_next``, a call that returned a value is followed at once by the next queued
+        one (:meth:`send_ahead`)."""
         try:
             if request is not None:
                 self._send(request)
@@ -239,6 +243,8 @@ class CappedChild:
         whole = (not (watch.exceeded or watch.timed_out or watch.cancelled)
                  and memcap.frame_complete(frame))
         status = self._stop() if not whole or flags & memcap.LEFT_BEHIND else 0
+        if then_next and self.pid is not None and memcap.frame_returned(frame):
+            self.send_ahead()
         return memcap.capped_result(frame, status, watch, max(watch.peak_kb, hwm_kb), started,
                                     idle_kb)
 

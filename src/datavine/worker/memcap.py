@@ -289,6 +289,11 @@ def frame_header(frame: bytearray) -> tuple[int, int]:
     return flags, hwm_kb
 
 
+def frame_returned(frame: bytearray) -> bool:
+    """Whether a whole frame carries the call's value (not an exception it raised)."""
+    return frame_complete(frame) and FRAME.unpack_from(frame)[0] == _VALUE
+
+
 def decode(frame: bytearray, status: int) -> Outcome:
     """The outcome told by the child's frame, or else (a partial frame) by its exit status."""
     if frame_complete(frame):

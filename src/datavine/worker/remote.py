@@ -147,10 +147,8 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
             result = BundleResult(Status.ERROR, message=f"{capped.error}{sig}",
                                   traceback=capped.traceback or "", crashed=True)
         result = dataclasses.replace(result, peak_mb=capped.peak_mb, cap_mb=cap_mb)
-        if result.ok:  # the next queued call starts while this one's result goes out
-            _capped_child().send_ahead()
-        else:  # its retry gets a clean process: fresh caches
-            _capped_child().close()
+        if not result.ok:  # its retry gets a clean process: fresh caches (and the call
+            _capped_child().close()  # sent ahead to this one starts again there)
         _learn_shard_failures(result.reads)
         if result.status is Status.INPUT and result.server:  # a child's health dies with it
             shard_health().mark_failed(result.server, time.monotonic())
@@ -227,7 +225,7 @@ def call_queued(function_id: int, function_name: str, sandbox: str) -> None:
     library's first calls arrive together, before a child process exists: the capped child
     keeps their hints for the process the first call starts. A capped bundle is also pickled
     for the child now (:meth:`CappedChild.queue`), to be sent to it the moment the call
-    before it ends well (:meth:`CappedChild.send_ahead`, from :func:`run_bundle`)."""
+    before it returns (:meth:`CappedChild.send_ahead`)."""
     if function_name != "run_bundle":
         return
     child = _capped_child()
@@ -387,7 +385,7 @@ def _pack(values: dict[Key, object], outputs: set[Key], store: dict[Key, str], i
         try:
             kept = value_file.pickled(values[key]) if name is not None else None
             if name is None or kept is None or kept.nbytes <= inline_max:
-                out[key] = cloudpickle.dumps(values[key])
+                out[key] = value_file.dumps(values[key])
             else:
                 files[name][key] = kept
                 stored[key] = kept.nbytes

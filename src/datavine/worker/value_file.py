@@ -32,6 +32,7 @@ import pickle
 import struct
 from collections.abc import Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import cloudpickle
 
@@ -60,13 +61,24 @@ class Pickled:
         return len(self.stream) + sum(memoryview(b).nbytes for b in self.buffers)
 
 
+def dumps(value: object, **kwargs: Any) -> bytes:
+    """``value`` pickled (protocol 5): by pickle's C pickler when it can (a chunk's
+    histograms: ~2.5x faster), else by cloudpickle (what pickle names by reference but this
+    process cannot import: a class or function that came by value, a lambda). Either reads
+    with ``pickle.loads``."""
+    try:
+        return pickle.dumps(value, protocol=5, **kwargs)
+    except Exception:
+        return cast(bytes, cloudpickle.dumps(value, protocol=5, **kwargs))
+
+
 def pickled(value: object) -> Pickled:
-    """Pickle ``value`` (cloudpickle, protocol 5), its buffers left out of band (in band
-    when one is not contiguous: it could not be written as it is)."""
+    """Pickle ``value`` (:func:`dumps`), its buffers left out of band (in band when one is
+    not contiguous: it could not be written as it is)."""
     buffers: list[pickle.PickleBuffer] = []
-    stream = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    stream = dumps(value, buffer_callback=buffers.append)
     if not all(memoryview(b).contiguous for b in buffers):
-        return Pickled(cloudpickle.dumps(value, protocol=5))
+        return Pickled(dumps(value))
     return Pickled(stream, buffers)
 
 
