@@ -226,7 +226,11 @@ def _decode(cls: type[Record], data: object, what: str) -> Record:
             raise ProtocolError(f"{what}: field {name!r} is {_shown(value)}, not "
                                 f"{_type_name(_hints(cls)[name])} (protocol {PROTOCOL})")
         values[name] = value
-    return cls(**values)
+    # every field is there, checked: set them as the dataclass's __init__ would, without its
+    # per-field object.__setattr__ (half of a result's decoding, for every bundle)
+    record = object.__new__(cls)
+    record.__dict__.update(values)
+    return record
 
 
 def _refuse(cls: type, data: object, what: str) -> None:

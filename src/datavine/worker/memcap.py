@@ -405,16 +405,16 @@ def become_subreaper() -> None:
 
 
 def reap_descendants() -> bool:
-    """Reap the exited children of this process; True when some are still running."""
-    with contextlib.suppress(ChildProcessError):
+    """Reap the exited children of this process; True when some are still running. One
+    ``waitpid`` says it (it waits for the children of every thread of the process, the
+    orphans a subreaper adopted among them): "none exited" while some are left, ECHILD when
+    none is (a walk of ``/proc/self/task/*/children`` cost ~0.1 ms a call)."""
+    try:
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
-    with contextlib.suppress(OSError):
-        for task in os.scandir("/proc/self/task"):
-            with open(f"{task.path}/children", "rb") as f:
-                if f.read().strip():
-                    return True
-    return False
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _child(fn: Callable[..., object], args: tuple[object, ...], kwargs: Mapping[str, object],
