@@ -235,21 +235,6 @@ def test_a_call_sent_ahead_is_watched_against_its_cap(child: CappedChild,
     assert child.pid is None  # killed with the call
 
 
-def test_a_cancelled_call_sent_ahead_that_ends_soon_keeps_the_child(
-        child: CappedChild, tmp_path: Path) -> None:
-    """The worker cancelled the queued call (removed its sandbox) after it went ahead: one
-    that ends within CANCELLED_GRACE_S is waited for, and the child (its caches) stays."""
-    cap = idle_mb(child) + 200
-    first, cancelled, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
-    marker = tmp_path / "cancelled-ran"
-    child.queue(allocate, (10, 0.3, str(marker)), cap_mb=cap, sandbox=cancelled)
-    child.run(int, cap_mb=cap, sandbox=first)
-    assert child.sent_ahead == 1
-    os.rmdir(cancelled)
-    after = child.run(whoami, cap_mb=cap, sandbox=third)
-    assert after.ok and marker.exists() and child.started == 1
-
-
 def test_a_call_sent_ahead_whose_run_never_comes_is_stopped_by_the_next_run(
         child: CappedChild, tmp_path: Path) -> None:
     """The worker cancelled the queued call (removed its sandbox) after it went ahead: the
@@ -268,16 +253,22 @@ def test_a_call_sent_ahead_whose_run_never_comes_is_stopped_by_the_next_run(
     assert after.value == (child.pid, os.getpid()) and child.started == 2
 
 
-def test_a_call_sent_ahead_for_another_run_ends_before_that_run_and_keeps_the_child(
-        child: CappedChild, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cancelled", [True, False])
+def test_a_call_sent_ahead_whose_run_never_comes_but_ends_soon_keeps_the_child(
+        child: CappedChild, tmp_path: Path, cancelled: bool) -> None:
+    """The next run is another call's: the one sent ahead is waited for and its value
+    dropped. Cancelled (its sandbox removed by the worker), it gets CANCELLED_GRACE_S to end;
+    one that ends within it keeps the child (its caches)."""
     cap = idle_mb(child) + 200
-    first, skipped, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
-    marker = tmp_path / "skipped-ran"
-    child.queue(allocate, (10, 0.2, str(marker)), cap_mb=cap, sandbox=skipped)
+    first, ahead, third = (folder(tmp_path, f"func.{i}") for i in (1, 2, 3))
+    marker = tmp_path / "ahead-ran"
+    child.queue(allocate, (10, 0.3, str(marker)), cap_mb=cap, sandbox=ahead)
     child.run(int, cap_mb=cap, sandbox=first)
     assert child.sent_ahead == 1
+    if cancelled:
+        os.rmdir(ahead)
     after = child.run(whoami, cap_mb=cap, sandbox=third)
-    assert after.ok and marker.exists()  # the one ahead finished first; its value dropped
+    assert after.ok and marker.exists()  # the one ahead finished first
     assert after.value == (child.pid, os.getpid()) and child.started == 1
 
 
