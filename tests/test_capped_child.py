@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from datavine.worker.capped_child import CappedChild, needs_fresh_child
+from datavine.worker.capped_child import QUEUED_AHEAD, CappedChild, needs_fresh_child
 from datavine.worker.memcap import ChildFailedError
 
 MB = 2**20
@@ -306,3 +306,20 @@ def test_nothing_goes_ahead_that_already_ran_that_is_gone_or_that_needs_a_fresh_
         assert not child.send_ahead()
         fresh = child.run(whoami, cap_mb=idle, sandbox=big)  # the usual way: a new child
         assert fresh.ok and child.started == 2 and child.sent_ahead == 0
+
+
+def test_beyond_queued_ahead_the_first_queued_calls_are_kept(child: CappedChild,
+                                                             tmp_path: Path) -> None:
+    """A library with many calls queued (a worker of many cores): the next to run is the
+    one sent ahead, the calls beyond QUEUED_AHEAD are not kept."""
+    cap = idle_mb(child) + 200
+    first = folder(tmp_path, "func.0")
+    queued = [folder(tmp_path, f"func.{i}") for i in range(1, QUEUED_AHEAD + 3)]
+    for sandbox in queued:
+        child.queue(started_at, cap_mb=cap, sandbox=sandbox)
+    assert child.run(int, cap_mb=cap, sandbox=first).ok and child.sent_ahead == 1
+    time.sleep(0.3)
+    asked = time.time()
+    ahead = child.run(started_at, cap_mb=cap, sandbox=queued[0])
+    assert ahead.ok and ahead.value < asked - 0.2  # the first queued went ahead
+    assert child.sent_ahead == 2 and len(child._queued) == QUEUED_AHEAD - 2

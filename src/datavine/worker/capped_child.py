@@ -61,7 +61,9 @@ _LENGTH = struct.Struct("!Q")  # a request: its length, then cloudpickle((fn, ar
 # idles under 0.8 x its cap: only one that grew (a leak, caches) beyond that is replaced.
 RECYCLE_FRACTION = 0.8
 PENDING_HINTS = 16  # hints kept for a child not started yet, at most
-QUEUED_AHEAD = 8  # calls kept pickled for send_ahead, at most (a library queues few)
+# calls kept pickled for send_ahead, at most: the first ones (the next to run); a library
+# queues about one a core, and one beyond these runs the usual way
+QUEUED_AHEAD = 8
 # how long a call sent ahead and then cancelled may go on (it keeps the child and its cache)
 CANCELLED_GRACE_S = 1.0
 
@@ -126,7 +128,7 @@ class CappedChild:
         self.started = 0  # children forked so far
         self.sent_ahead = 0  # calls sent before their run (send_ahead)
         self._requests = self._results = -1
-        self._queued: deque[Queued] = deque(maxlen=QUEUED_AHEAD)  # by queue(), in order
+        self._queued: deque[Queued] = deque()  # by queue(), in order
         # the sandboxes of the last calls run: poncho hands a call to the library's loop
         # before its hook sees it, so a call's queue() may come after its run()
         self._ran: deque[str] = deque(maxlen=4 * QUEUED_AHEAD)
@@ -164,11 +166,14 @@ class CappedChild:
               time_limit_s: float | None = None, sandbox: str) -> None:
         """A call ``run`` will be asked for later (the library has it queued behind the
         running one): pickled now, off the running call's path, for :meth:`send_ahead`.
-        Thread-safe; the oldest is dropped beyond :data:`QUEUED_AHEAD`."""
+        Thread-safe; beyond :data:`QUEUED_AHEAD` waiting, it is not kept (the first ones
+        are the next to run)."""
+        with self._queue_lock:
+            if sandbox in self._ran or len(self._queued) >= QUEUED_AHEAD:
+                return  # it runs, or ran, already; or others go before it
         request = cloudpickle.dumps((fn, args, kwargs or {}))
         with self._queue_lock:
-            if sandbox not in self._ran:  # else it runs, or ran, already
-                self._queued.append(Queued(sandbox, request, cap_mb, time_limit_s))
+            self._queued.append(Queued(sandbox, request, cap_mb, time_limit_s))
 
     def send_ahead(self) -> bool:
         """Send the first queued call (:meth:`queue`) to the child now, if the child may run
