@@ -22,7 +22,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from datavine.worker.capped_child import QUEUED_AHEAD, CappedChild, needs_fresh_child
+from datavine.worker.capped_child import (
+    QUEUED_AHEAD,
+    QUEUED_MAX_BYTES,
+    CappedChild,
+    needs_fresh_child,
+)
 from datavine.worker.memcap import ChildFailedError
 
 MB = 2**20
@@ -303,6 +308,9 @@ def test_nothing_goes_ahead_that_already_ran_that_is_gone_or_that_needs_a_fresh_
         os.rmdir(gone)
         assert not child.send_ahead()
         child.queue(int, cap_mb=idle, sandbox=big)  # idles above half of that cap
+        assert not child.send_ahead()
+        large = folder(tmp_path, "func.4")  # inline inputs over QUEUED_MAX_BYTES: not kept
+        child.queue(len, (b"x" * (QUEUED_MAX_BYTES + 1),), cap_mb=idle + 500, sandbox=large)
         assert not child.send_ahead()
         fresh = child.run(whoami, cap_mb=idle, sandbox=big)  # the usual way: a new child
         assert fresh.ok and child.started == 2 and child.sent_ahead == 0

@@ -64,6 +64,7 @@ PENDING_HINTS = 16  # hints kept for a child not started yet, at most
 # calls kept pickled for send_ahead, at most: the first ones (the next to run); a library
 # queues about one a core, and one beyond these runs the usual way
 QUEUED_AHEAD = 8
+QUEUED_MAX_BYTES = 16 << 20  # a larger request (inline inputs) is not kept twice: no ahead
 # how long a call sent ahead and then cancelled may go on (it keeps the child and its cache)
 CANCELLED_GRACE_S = 1.0
 
@@ -167,11 +168,14 @@ class CappedChild:
         """A call ``run`` will be asked for later (the library has it queued behind the
         running one): pickled now, off the running call's path, for :meth:`send_ahead`.
         Thread-safe; beyond :data:`QUEUED_AHEAD` waiting, it is not kept (the first ones
-        are the next to run)."""
+        are the next to run), nor is one over :data:`QUEUED_MAX_BYTES` (the library would
+        hold its inline inputs twice)."""
         with self._queue_lock:
             if sandbox in self._ran or len(self._queued) >= QUEUED_AHEAD:
                 return  # it runs, or ran, already; or others go before it
         request = cloudpickle.dumps((fn, args, kwargs or {}))
+        if len(request) > QUEUED_MAX_BYTES:
+            return
         with self._queue_lock:
             self._queued.append(Queued(sandbox, request, cap_mb, time_limit_s))
 
