@@ -268,16 +268,16 @@ def settle(cache: ColumnCache, rss_limit: int) -> int:
     rss = rss_bytes()
     if rss > TRIM_OVER * rss_limit:
         return _hand_back(cache, rss, rss_limit)
-    held_back = cache.room is not None and cache.bytes >= cache.room
+    room = cache.room
+    held_back = room is not None and cache.bytes >= room
     if rss <= rss_limit and not held_back:
         return 0  # in use <= RSS <= the bound, and no room to give: no need to ask the heap
     used = rss - heap_free_bytes()  # mallinfo2 walks the heap's free lists: ~0.1 ms a call
     if used > rss_limit:
         cache.room = max(0, cache.bytes - (used - rss_limit))
         return cache.evict_to(cache.room)
-    if held_back:
-        assert cache.room is not None
-        cache.room += (rss_limit - used) // 2
+    if held_back and room is not None:
+        cache.room = room + (rss_limit - used) // 2
     return 0
 
 

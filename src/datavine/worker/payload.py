@@ -44,7 +44,7 @@ import os
 import pickle
 import types
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import cloudpickle
@@ -101,11 +101,17 @@ ESCAPED_HEAD = b"DVE1\n"  # a small reply's head: the pickle follows, escaped
 _ESC, _ESC_NUL, _ESC_ESC = b"\x01", b"\x01\x02", b"\x01\x03"
 
 
-def _result_pickle(record: Mapping[str, object]) -> bytes:
-    try:  # plain data, so pickle's C pickler
-        return pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # a key pickle cannot name (dask keys are plain, but)
-        return cast(bytes, cloudpickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+def dumps(value: object,
+          buffer_callback: Callable[[pickle.PickleBuffer], object] | None = None) -> bytes:
+    """``value`` pickled (protocol 5): by pickle's C pickler when it can (a result's record,
+    a chunk's histograms: ~2.5x faster), else by cloudpickle (what pickle names by reference
+    but this process cannot import: a class or function that came by value, a lambda).
+    Either reads with ``pickle.loads``."""
+    try:
+        return pickle.dumps(value, protocol=5, buffer_callback=buffer_callback)
+    except Exception:
+        return cast(bytes, cloudpickle.dumps(value, protocol=5,
+                                             buffer_callback=buffer_callback))
 
 
 def escape(data: bytes) -> bytes:
@@ -122,7 +128,7 @@ def reply_bytes(record: Mapping[str, object]) -> bytes:
     """A call's encoded result as its standard output carries it (see the module
     docstring): its pickle behind a head naming its length, or escaped when that fits in
     :data:`INLINE_MAX` bytes."""
-    blob = _result_pickle(record)
+    blob = dumps(record)
     framed = b"%s%d\n%s" % (REPLY_HEAD, len(blob), blob)
     return framed if len(framed) > INLINE_MAX else ESCAPED_HEAD + escape(blob)
 

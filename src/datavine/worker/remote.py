@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import inspect
 import os
 import signal
 import socket
@@ -158,6 +159,8 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
     return record if reply_file is None else dict(REPLIED)
 
 
+_RUN_BUNDLE = inspect.signature(run_bundle)  # how a queued call's arguments bind (_bundle_call)
+
 # what run_bundle returns (a copy of) once the result went as the call's reply
 REPLIED: dict[str, object] = {"replied": True}
 
@@ -232,28 +235,27 @@ def call_queued(function_id: int, function_name: str, sandbox: str) -> None:
     child.hint(sandbox.encode())
     call = _bundle_call(payload_codec.call_arguments(sandbox))
     if call is not None and call[1]:
-        payload, cap_mb, _, limit_s = call
+        payload, cap_mb, limit_s = call
         child.queue(execute_payload, (payload, sandbox), cap_mb=cap_mb,
                     time_limit_s=_hard_limit(limit_s), sandbox=sandbox)
 
 
 def _bundle_call(arguments: tuple[tuple[object, ...], dict[str, object]] | None,
-                 ) -> tuple[bytes, float | None, tuple[str, ...], float | None] | None:
-    """(payload, cap_mb, preload, limit_s) of a :func:`run_bundle` call's arguments (None:
-    none, or not a bundle call's)."""
+                 ) -> tuple[bytes, float | None, float | None] | None:
+    """(payload, cap_mb, limit_s) of a :func:`run_bundle` call's arguments, bound as
+    :func:`run_bundle` takes them (None: none, or not a bundle call's)."""
     if arguments is None:
         return None
-
-    def named(payload: bytes, cap_mb: float | None = None, preload: tuple[str, ...] = (),
-              limit_s: float | None = None, reply_file: str | None = None,
-              ) -> tuple[bytes, float | None, tuple[str, ...], float | None]:
-        return payload, cap_mb, preload, limit_s
-
     try:
-        call = named(*arguments[0], **arguments[1])  # type: ignore[arg-type]
+        bound = _RUN_BUNDLE.bind(*arguments[0], **arguments[1])
     except TypeError:
         return None
-    return call if isinstance(call[0], bytes) else None
+    bound.apply_defaults()
+    given = bound.arguments
+    payload, cap_mb, limit_s = given["payload"], given["cap_mb"], given["limit_s"]
+    if not isinstance(payload, bytes):
+        return None
+    return payload, cast("float | None", cap_mb), cast("float | None", limit_s)
 
 
 def _hard_limit(limit_s: float | None) -> float | None:
@@ -376,7 +378,8 @@ def _pack(values: dict[Key, object], outputs: set[Key], store: dict[Key, str], i
     the others in the file ``store`` names (one :mod:`datavine.worker.value_file` for the
     bundle, written even when it holds nothing, since TaskVine expects it), their sizes in
     ``stored``. A value bound for the file is pickled once, its arrays' memory written
-    straight to the file; one that turns out small is pickled again, in band, to go inline."""
+    straight to the file; one that turns out small goes inline as that pickle when it has no
+    buffer out of band, else pickled again, in band."""
     out: dict[Key, bytes] = {}
     stored: dict[Key, int] = {}
     files: dict[str, dict[Key, value_file.Pickled]] = {name: {} for name in store.values()}
@@ -384,8 +387,10 @@ def _pack(values: dict[Key, object], outputs: set[Key], store: dict[Key, str], i
         name = store.get(key)
         try:
             kept = value_file.pickled(values[key]) if name is not None else None
-            if name is None or kept is None or kept.nbytes <= inline_max:
-                out[key] = value_file.dumps(values[key])
+            if kept is not None and kept.nbytes <= inline_max and not kept.buffers:
+                out[key] = kept.stream
+            elif name is None or kept is None or kept.nbytes <= inline_max:
+                out[key] = payload_codec.dumps(values[key])
             else:
                 files[name][key] = kept
                 stored[key] = kept.nbytes

@@ -30,11 +30,10 @@ import mmap
 import os
 import pickle
 import struct
-from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
+from collections.abc import Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import cast
 
-import cloudpickle
+from datavine.worker import payload
 
 Key = Hashable
 MAGIC = b"DVVALS1\n"
@@ -61,26 +60,13 @@ class Pickled:
         return len(self.stream) + sum(memoryview(b).nbytes for b in self.buffers)
 
 
-def dumps(value: object,
-          buffer_callback: Callable[[pickle.PickleBuffer], object] | None = None) -> bytes:
-    """``value`` pickled (protocol 5): by pickle's C pickler when it can (a chunk's
-    histograms: ~2.5x faster), else by cloudpickle (what pickle names by reference but this
-    process cannot import: a class or function that came by value, a lambda). Either reads
-    with ``pickle.loads``."""
-    try:
-        return pickle.dumps(value, protocol=5, buffer_callback=buffer_callback)
-    except Exception:
-        return cast(bytes, cloudpickle.dumps(value, protocol=5,
-                                             buffer_callback=buffer_callback))
-
-
 def pickled(value: object) -> Pickled:
-    """Pickle ``value`` (:func:`dumps`), its buffers left out of band (in band when one is
-    not contiguous: it could not be written as it is)."""
+    """Pickle ``value`` (:func:`datavine.worker.payload.dumps`), its buffers left out of
+    band (in band when one is not contiguous: it could not be written as it is)."""
     buffers: list[pickle.PickleBuffer] = []
-    stream = dumps(value, buffer_callback=buffers.append)
+    stream = payload.dumps(value, buffer_callback=buffers.append)
     if not all(memoryview(b).contiguous for b in buffers):
-        return Pickled(dumps(value))
+        return Pickled(payload.dumps(value))
     return Pickled(stream, buffers)
 
 
