@@ -331,3 +331,55 @@ def test_beyond_queued_ahead_the_first_queued_calls_are_kept(child: CappedChild,
     ahead = child.run(started_at, cap_mb=cap, sandbox=queued[0])
     assert ahead.ok and ahead.value < asked - 0.2  # the first queued went ahead
     assert child.sent_ahead == 2 and len(child._queued) == QUEUED_AHEAD - 2
+
+
+def test_calls_skipped_while_queued_leave_the_queue_and_never_go_ahead(
+        child: CappedChild, tmp_path: Path) -> None:
+    """The library skips a call cancelled while it waited (its sandbox removed): its run
+    never comes. The run of a call queued after it drops it, and a send ahead passes over
+    one whose sandbox is gone to the next call still there."""
+    cap = idle_mb(child) + 200
+    first, skipped, second, gone, third = (folder(tmp_path, f"func.{i}") for i in range(5))
+    for sandbox in (first, skipped, second, gone, third):
+        child.queue(started_at, cap_mb=cap, sandbox=sandbox)
+    raised = child.run(int, ("not a number",), cap_mb=cap, sandbox=first)  # nothing ahead
+    assert not raised.ok and child.sent_ahead == 0
+    os.rmdir(skipped)
+    os.rmdir(gone)
+    assert child.run(int, cap_mb=cap, sandbox=second).ok
+    assert child.sent_ahead == 1 and not child._queued  # skipped dropped, gone passed over
+    time.sleep(0.3)
+    asked = time.time()
+    ahead = child.run(started_at, cap_mb=cap, sandbox=third)
+    assert ahead.ok and ahead.value < asked - 0.2  # third went ahead
+
+
+def test_a_call_whose_run_began_while_its_hook_pickled_it_is_not_kept(
+        child: CappedChild, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's loop may start a call while its hook still pickles it: the call is not
+    queued then, so it is not sent to the child a second time when it returns."""
+    from datavine.worker import capped_child
+
+    cap = idle_mb(child) + 200
+    sandbox = folder(tmp_path, "func.1")
+    marker = tmp_path / "runs"
+    pickle = capped_child.cloudpickle.dumps
+    ran: list[object] = []
+
+    def dumps_then_run(obj: object) -> bytes:
+        if not ran:  # queue()'s pickling: the library's loop runs the call meanwhile
+            ran.append(None)
+            ran[0] = child.run(count_run, (str(marker),), cap_mb=cap, sandbox=sandbox)
+        return pickle(obj)
+
+    monkeypatch.setattr(capped_child.cloudpickle, "dumps", dumps_then_run)
+    child.queue(count_run, (str(marker),), cap_mb=cap, sandbox=sandbox)
+    assert ran and ran[0].ok and not child._queued  # type: ignore[attr-defined]
+    assert not child.send_ahead() and marker.read_text() == "x"  # it ran once
+
+
+def count_run(path: str) -> int:
+    """Append a mark to ``path``: how many times a call ran."""
+    with open(path, "a") as out:
+        out.write("x")
+    return os.path.getsize(path)

@@ -19,7 +19,7 @@ import uproot
 from datavine.apps.analysis.agc import ChunkResult
 from datavine.apps.scaletest import ScaleTestConfig, build_report, run_scale_test
 from datavine.apps.scaletest.cli import main
-from datavine.apps.scaletest.report import idle_time
+from datavine.apps.scaletest.report import idle_time, passes_in_read_order
 from datavine.apps.scaletest.run import ScaleTestError, fileset_files, make_chunks
 from datavine.apps.scaletest.tasks import ChunkRecord, FileInfo, Tally
 from datavine.io.datagen import generate_dataset
@@ -205,6 +205,23 @@ def test_report_of_passes_and_the_column_cache() -> None:
     assert doc["passes"][1]["hit_fraction"] == 0.75 and doc["timeline"]["hit_fraction"][3] == 1
 
 
+def test_a_chunks_reads_count_in_its_passes_in_the_order_they_ran() -> None:
+    """The second pass's read of a chunk ran first (the first pass's was held for that
+    worker): it is the cold read, counted in the first pass; other chunks keep their pass."""
+    infos = [FileInfo("a.root", 1000), FileInfo("b.root", 1000)]
+    records = [
+        record("a.root", 100.0, 101.0, 1000, 4_000, decoded=8_000),
+        record("b.root", 101.0, 101.5, 1000, 100, cached=8_000, pass_index=0),  # ran second
+        record("b.root", 100.0, 100.5, 1000, 4_000, decoded=8_000, pass_index=1),  # first
+        record("a.root", 101.5, 102.0, 1000, 0, cached=8_000, pass_index=1)]
+    assert passes_in_read_order(records) == [0, 1, 0, 1]
+    report = build_report(infos, Tally(ChunkResult(np.zeros(25, np.int64), events=4000),
+                                       records), wall_s=2.0, t0=100.0, workers=1, cores=1,
+                          passes=2)
+    assert [(p.hit_fraction, p.start_s, p.end_s) for p in report.passes] == [
+        (0.0, 0.0, 1.0), (1.0, 1.0, 2.0)]
+
+
 def test_make_chunks_equal_pieces_and_skips_failed_files() -> None:
     infos = [FileInfo("a", 250), FileInfo("b", error="bad"), FileInfo("c", 0), FileInfo("d", 99)]
     chunks = make_chunks(infos, 100)
@@ -264,8 +281,8 @@ def test_passes_read_the_dataset_again_as_tasks_of_their_own(dataset: Path) -> N
 @pytest.mark.taskvine
 def test_a_second_pass_reads_its_columns_from_the_workers_memory(dataset: Path,
                                                                  cluster: object) -> None:
-    # many chunks per pass: a chunk's second read is sent after its first is done (the
-    # last few of a pass may still run when the next pass starts)
+    # many chunks per pass; a chunk's first read counts in the first pass, whichever pass's
+    # task it was (the last few of a pass may run after the next pass's read of them)
     config = ScaleTestConfig(files=FILES, events_per_file=EVENTS, chunk_events=1_000,
                              data_dir=dataset, passes=2, drop_caches=True)
     report = run_scale_test(config, cluster)  # type: ignore[arg-type]

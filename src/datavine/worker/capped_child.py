@@ -177,7 +177,8 @@ class CappedChild:
         if len(request) > QUEUED_MAX_BYTES:
             return
         with self._queue_lock:
-            self._queued.append(Queued(sandbox, request, cap_mb, time_limit_s))
+            if sandbox not in self._ran:  # its run may have begun while it was pickled
+                self._queued.append(Queued(sandbox, request, cap_mb, time_limit_s))
 
     def send_ahead(self) -> bool:
         """Send the first queued call (:meth:`queue`) to the child now, if the child may run
@@ -188,6 +189,8 @@ class CappedChild:
         if self._ahead is not None or self.pid is None:
             return False
         with self._queue_lock:
+            while self._queued and not os.path.isdir(self._queued[0].sandbox):
+                self._queued.popleft()  # cancelled while queued: the library skips it
             queued = self._queued.popleft() if self._queued else None
         if queued is None:
             return False
@@ -204,15 +207,18 @@ class CappedChild:
         return True
 
     def _unqueue(self, sandbox: str | None) -> None:
-        """``sandbox``'s call is being run: it is no longer one to send ahead."""
+        """``sandbox``'s call is being run: it is no longer one to send ahead, nor are the
+        calls queued before it. The library runs its calls in the order they came (patch
+        0018), so one queued before this call and not run was skipped (cancelled: its
+        sandbox removed, patch 0015), and its ``run`` never comes; without this, such calls
+        held places in the queue for good."""
         if sandbox is None:
             return
         with self._queue_lock:
             self._ran.append(sandbox)
             if any(q.sandbox == sandbox for q in self._queued):
-                kept = [q for q in self._queued if q.sandbox != sandbox]
-                self._queued.clear()
-                self._queued.extend(kept)
+                while self._queued.popleft().sandbox != sandbox:
+                    pass
 
     def _end_ahead(self, ahead: SentAhead) -> None:
         """A call sent ahead whose ``run`` did not come (the worker cancelled it: a backup

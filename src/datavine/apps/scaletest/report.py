@@ -263,10 +263,11 @@ def hit_fraction(cached: int | float, decoded: int | float) -> float:
 def pass_figures(records: Sequence[ChunkRecord], *, t0: float,
                  passes: int = 1) -> list[PassFigures]:
     """Each pass's figures from its chunks' records (pure; ``passes`` at least, more when
-    the records name more)."""
+    the records name more). A chunk's reads count in its passes in the order they ran
+    (:func:`passes_in_read_order`)."""
     by_pass: dict[int, list[ChunkRecord]] = defaultdict(list)
-    for r in records:
-        by_pass[r.pass_index].append(r)
+    for r, p in zip(records, passes_in_read_order(records), strict=True):
+        by_pass[p].append(r)
     out = []
     for i in range(max(passes, max(by_pass, default=-1) + 1)):
         rs = by_pass.get(i, [])
@@ -280,6 +281,26 @@ def pass_figures(records: Sequence[ChunkRecord], *, t0: float,
             cached_bytes=sum(r.cached_bytes for r in good),
             decoded_bytes=sum(r.decoded_bytes for r in good),
             busy_s=round(sum(max(0.0, r.t_end - r.t_start) for r in good), 4)))
+    return out
+
+
+def passes_in_read_order(records: Sequence[ChunkRecord]) -> list[int]:
+    """The pass each record counts in (pure): a chunk's reads (same file, same entries) take
+    the passes they were tasks of in the order they started, the first read the first
+    pass. The passes' tasks are all ready from the start, and only their priority orders
+    them: a chunk of a pass's end may be held for a worker while the same chunk of the
+    next pass runs there first (delay scheduling). Counted as labelled, such a chunk's
+    first pass read from memory what its second pass had decoded."""
+    reads: dict[tuple[str, int, int], list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        reads[(r.path, r.entry_start, r.entry_stop)].append(i)
+    out = [r.pass_index for r in records]
+    for same in reads.values():
+        if len(same) > 1:
+            labels = sorted(records[i].pass_index for i in same)
+            by_start = sorted(same, key=lambda i: (records[i].t_start, records[i].pass_index))
+            for i, label in zip(by_start, labels, strict=True):
+                out[i] = label
     return out
 
 

@@ -440,7 +440,9 @@ def analysis_graph(chunks: Sequence[tuple[str, int, int]], retries: int, fanin: 
     over all the passes it took the last pass first and mixed the others, so that a pass's
     figures mixed a chunk's first (cold) reads with its later (warm) ones. The chunk tasks
     take no input: nothing pulls them to a worker but what it holds. A chunk sent while its
-    previous read still runs (the last few of a pass) reads its file again."""
+    previous read still runs (the last few of a pass) reads its file again; one of a pass's
+    end held for a worker may run after the next pass's read of it, and the report counts
+    a chunk's reads in the order they ran (:func:`.report.passes_in_read_order`)."""
     token = uuid.uuid4().hex
     total: Key = ("agc-start", token)
     graph: dict[Key, Task] = {total: (Tally,)}
