@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from datavine.scheduler import graph
 from datavine.scheduler.bundling import (
     HELD_TOGETHER,
+    HOLDER_SCAN,
     CostModel,
     Planner,
     bundle_size,
@@ -244,6 +245,30 @@ def test_a_piece_newly_held_draws_its_ready_readers_ahead() -> None:
     held[4] = "w1"
     planner.note_held(["/data/f4.root@0-10", "/data/elsewhere.root@0-10"])
     assert order_of(planner) == [4, 1, 2, 3, 5]
+
+
+def test_held_tasks_found_deep_in_the_ready_heap_go_together() -> None:
+    """Held first (a later pass over cached files): the first HOLDER_SCAN and more ready
+    tasks in order read pieces no cache holds, the held ones come after them. The call a
+    held task starts takes the other tasks its worker holds, found among the held ones."""
+    n_cold, n_held = HOLDER_SCAN + 44, 8
+    n = n_cold + n_held
+    dsk: dict = {("chunk", i): (str, f"/data/f{i}.root") for i in range(n)}
+    dsk["total"] = (sum, [("chunk", i) for i in range(n)])
+    g = graph.build(dsk, ["total"])
+    files = {k: ((f"/data/f{k[1]}.root",) if isinstance(k, tuple) else ()) for k in g.nodes}
+    pieces = {k: ((f"/data/f{k[1]}.root@0-10",) if isinstance(k, tuple) else ()) for k in g.nodes}
+    order = {k: (k[1] if isinstance(k, tuple) else n) for k in g.nodes}
+    costs = CostModel()
+    costs.observe(g.category(("chunk", 0)), 1, 0.01)
+
+    def held(k: Any) -> str | None:
+        return "w1" if isinstance(k, tuple) and k[1] >= n_cold else None
+
+    planner = Planner(g, files=files.__getitem__, costs=costs, target_s=1.0, max_tasks=64,
+                      priority=order, holder=held, cached_on=held, pieces=pieces.__getitem__)
+    (first,) = planner.next_bundles(1)
+    assert sorted(chunks_of([first])[0]) == list(range(n_cold, n))  # one call
 
 
 def merge_planner(merge_cost: float | None, light: Any = None,

@@ -282,18 +282,24 @@ class Planner:
     def _held_with(self, seed: Key, category: str, n: int) -> list[Key]:
         """Up to ``n`` more ready file tasks of ``category`` whose pieces the worker holding
         ``seed``'s holds too, highest priority first (among the first :data:`HOLDER_SCAN`
-        entries of the ready heap); none when no worker holds ``seed``'s."""
+        entries of the held heap, then of the ready heap); none when no worker holds
+        ``seed``'s. The held heap first: with held tasks taken first (:meth:`_seed`), the
+        ready heap's first entries are mostly tasks no cache holds and the stale entries of
+        held ones taken before them, and a scan of it alone found the held tasks of a later
+        pass deeper than it looks (the default scale test: 143 of 157 calls one chunk)."""
         holder = self._holder
         if holder is None or (home := holder(seed)) is None:
             return []
-        found = []
-        for priority, key in itertools.islice(self._ready, HOLDER_SCAN):
-            if (key in self._scheduled or self._missing[key] > 0 or key == seed
-                    or self.graph.category(key) != category or not self._files(key)):
+        found: dict[Key, int] = {}
+        for priority, key in itertools.chain(itertools.islice(self._cached, HOLDER_SCAN),
+                                             itertools.islice(self._ready, HOLDER_SCAN)):
+            if (key in found or key in self._scheduled or self._missing[key] > 0
+                    or key == seed or self.graph.category(key) != category
+                    or not self._files(key)):
                 continue
             if holder(key) == home:
-                found.append((priority, key))
-        return [key for _, key in heapq.nsmallest(n, found, key=lambda pk: pk[0])]
+                found[key] = priority
+        return heapq.nsmallest(n, found, key=found.__getitem__)
 
     def _drop_stale(self) -> bool:
         """Pop a ready entry already taken by another bundle's closure, or waiting again for
