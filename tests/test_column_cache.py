@@ -18,7 +18,7 @@ from datavine.apps.analysis.agc import Selection, process_chunk
 from datavine.config import RunConfig
 from datavine.errors import ConfigError
 from datavine.io import column_cache
-from datavine.io.cached_arrays import read_arrays
+from datavine.io.cached_arrays import read_arrays, read_held
 from datavine.io.column_cache import ColumnCache, ColumnKey
 from datavine.io.datagen import generate_dataset
 from datavine.io.reading import open_input, reading
@@ -411,3 +411,26 @@ def test_a_bundle_says_how_much_cache_its_process_held_when_it_started(
     second = execute_bundle(bundle(5_000))
     held = column_cache.cache().bytes
     assert second.ok and 0 < second.cache_mb < held / column_cache.MB  # the first's columns
+
+
+def test_read_held_serves_only_whole_hits_and_opens_nothing(
+        files: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(files[0])
+    branches = list(agc.BRANCHES)
+    assert read_held(path, branches, 0, 5_000) is None  # outside a bundle: no cache
+    with reading(None, cache_mb=256):
+        assert read_held(path, branches, 0, 5_000) is None  # nothing held yet
+        first = read_arrays(path, branches[:2], 0, 5_000)
+        assert read_held(path, branches, 0, 5_000) is None  # two columns of them only
+        read_arrays(path, branches, 0, 5_000)
+
+        def no_open(*args: object, **kwargs: object) -> None:
+            raise AssertionError("read_held opened the file")
+
+        monkeypatch.setattr("datavine.io.reading.open_input", no_open)
+        held = read_held(path, branches, 0, 5_000)
+        assert read_held(path, branches, 0, 6_000) is None  # another entry range
+    assert held is not None and held.bytes_read == 0 and held.decoded == 0
+    assert held.cached == sum(int(a.nbytes) for a in held.arrays.values()) > first.decoded
+    expected = cold(files[0], 0, 5_000)
+    assert all(ak.array_equal(held.arrays[b], expected[b]) for b in branches)

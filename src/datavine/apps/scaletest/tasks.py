@@ -19,9 +19,12 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from datavine.apps.analysis.agc import AGC, BRANCHES, EDGES, ChunkResult, select_and_fill
+
+if TYPE_CHECKING:
+    from datavine.io.cached_arrays import Read
 
 _MAX_ERROR = 500
 
@@ -131,17 +134,25 @@ def _process(path: str, entry_start: int, entry_stop: int) -> tuple[ChunkResult,
     through the worker's column cache) and what it cost: every byte its file handle was
     asked for (headers and metadata included: what the storage served), not only the
     branches' baskets, and the decoded bytes from the cache and from the file."""
-    from datavine.io.cached_arrays import read_arrays
+    from datavine.io.cached_arrays import read_arrays, read_held
     from datavine.io.reading import open_input
 
+    held = read_held(path, BRANCHES, entry_start, entry_stop)
+    if held is not None:  # every column in memory: the file is not opened (~0.65 ms)
+        return _analysed(held), _Cost(0, held.cached, 0)
     with open_input(path) as directory:
         read = read_arrays(directory, BRANCHES, entry_start, entry_stop)
-        counts, selected = select_and_fill(read.arrays, AGC)
-        result = ChunkResult(counts, EDGES.copy(), len(read.arrays["Jet_pt"]), selected,
-                             read.bytes_read, read.path)
+        result = _analysed(read)  # while the file is open: an array may map it
         source = getattr(getattr(directory, "file", None), "source", None)
         nbytes = int(getattr(source, "num_requested_bytes", 0) or 0)
     return result, _Cost(max(nbytes, result.bytes_read), read.cached, read.decoded)
+
+
+def _analysed(read: Read) -> ChunkResult:
+    """The AGC selection's result over one read's arrays."""
+    counts, selected = select_and_fill(read.arrays, AGC)
+    return ChunkResult(counts, EDGES.copy(), len(read.arrays["Jet_pt"]), selected,
+                       read.bytes_read, read.path)
 
 
 def worker_name() -> str:
