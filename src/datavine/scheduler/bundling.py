@@ -125,6 +125,10 @@ class Planner:
         self._ids = itertools.count()
         self._missing = {k: len(d) for k, d in graph.dependencies.items()}
         self._ready: list[tuple[int, Key]] = []
+        # the ready tasks not yet in a bundle: the heap keeps entries of tasks taken out of
+        # order (held ones, grouped ones) until they come to its top, so its length is not
+        # their number
+        self._live: set[Key] = set()
         self._scheduled: set[Key] = set()
         self._cores = 1  # bundles running at once (next_bundles)
         self.done: set[Key] = set()
@@ -136,6 +140,7 @@ class Planner:
         """``key`` is ready: into the ready heap, and, a file task with pieces, among the
         readers of its pieces (and the held ones when a cache holds them)."""
         heapq.heappush(self._ready, (self._priority[key], key))
+        self._live.add(key)
         if self._cached_on is None or self._pieces is None or not self._files(key):
             return
         pieces = self._pieces(key)
@@ -174,7 +179,8 @@ class Planner:
 
     @property
     def n_ready(self) -> int:
-        return len(self._ready)
+        """How many tasks are ready and in no bundle yet."""
+        return len(self._live)
 
     def next_bundles(self, n_bundles: int, cores: int = 1) -> list[Bundle]:
         """Up to ``n_bundles`` bundles from the ready tasks, highest priority first;
@@ -211,7 +217,7 @@ class Planner:
     def _form(self, n_bundles: int) -> Bundle:
         seed = self._seed()
         category = self.graph.category(seed)
-        size = bundle_size(self.costs.estimate(category), len(self._ready), n_bundles,
+        size = bundle_size(self.costs.estimate(category), len(self._live), n_bundles,
                            target_s=self._target_s, max_tasks=self._max_tasks)
         members: list[Key] = []
         files: list[str] = []
@@ -235,6 +241,7 @@ class Planner:
                     self._group(key, category, size, members, files)
                     break
         self._scheduled.update(members)
+        self._live.difference_update(members)
         members = self._closure(members)
         graph = self.graph
         if len(members) == 1:  # most bundles (a file's task): the same sets, made directly
@@ -258,7 +265,7 @@ class Planner:
         :data:`HELD_TOGETHER`, and no more than the ready tasks' share of a core
         (:func:`group_size`): at a run's end the last calls are single chunks, so no core
         idles behind another's long call."""
-        size = group_size(size, len(self._ready), self._cores)
+        size = group_size(size, len(self._live), self._cores)
         if len(members) == 1 and size > 1 and self.costs.estimate(category) is not None:
             for other in self._held_with(key, category, size - 1):
                 members.append(other)
@@ -326,6 +333,7 @@ class Planner:
                 if all(d in inside or d in self.done for d in self.graph.dependencies[dep]):
                     inside.add(dep)
                     self._scheduled.add(dep)
+                    self._live.discard(dep)
                     members.append(dep)
                     queue.append(dep)
         return members
@@ -370,6 +378,7 @@ class Planner:
             for dep in self.graph.dependents[key]:
                 if dep not in undone and dep not in self.done:
                     self._missing[dep] += 1
+                    self._live.discard(dep)
             if self._missing[key] == 0:
                 self._push(key)
         return undone
