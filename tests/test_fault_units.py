@@ -407,3 +407,19 @@ def test_a_warm_up_gives_up_the_calls_of_a_worker_that_left(tmp_path: Path) -> N
     topology.forget("local-0")  # as the watch does when the worker leaves
     assert library._warm_given_up(pending, seen) == {1, 2}
     assert sorted(port.cancelled) == [1, 2]
+
+
+def test_a_client_that_ends_well_leaves_no_reaper_behind(tmp_path: Path) -> None:
+    """The client registered and unregistered a directory, then exits normally: its reaper
+    ends with it, and Python has no process left running to warn about."""
+    script = (
+        "import os, sys\n"
+        "from datavine.deploy.reaper import reaper\n"
+        "reaper().add_path(sys.argv[1]); reaper().remove_path(sys.argv[1])\n"
+        "print(reaper().pid, flush=True)\n")
+    done = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", script,
+                           str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "ResourceWarning" not in done.stderr
+    assert not _alive(int(done.stdout.strip()))
+    assert tmp_path.is_dir()  # unregistered: the reaper left it

@@ -10,11 +10,15 @@ directory). When the client's process ends (the reaper watches it through a pidf
 the pipe's end-of-file), the reaper stops every session still registered
 (:func:`datavine.deploy.sessions.stop_session`) and removes every path still registered, then exits.
 A client that closes what it started unregisters it first, so a clean exit leaves the reaper
-nothing to do. Things meant to outlive the client (``datavine pool start``) never register.
+nothing to do: at a clean exit the client closes the pipe and waits for the reaper to end (at
+most :data:`EXIT_WAIT_S`; it cleans what is still registered, if anything, on its own), so
+that no reaper outlives a client that ended well. Things meant to outlive the client
+(``datavine pool start``) never register.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import select
@@ -27,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 GRACE_S = 3.0  # SIGTERM to SIGKILL, per session
+EXIT_WAIT_S = 1.0  # a clean exit waits this long for its reaper (it has nothing left to do)
 
 
 class Reaper:
@@ -74,7 +79,24 @@ class Reaper:
             [sys.executable, "-m", "datavine.deploy.reaper", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # a Ctrl-C or SIGHUP to the client's group spares it
+        if self._owner != os.getpid():
+            atexit.register(self.close)
         self._owner = os.getpid()
+
+    def close(self) -> None:
+        """This process ends well (``atexit``): close the pipe, and wait up to
+        :data:`EXIT_WAIT_S` for the reaper to end (it cleans what is still registered
+        first). Left running past that, it goes on alone."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or self._owner != os.getpid():
+                return
+            self._proc = None
+            with contextlib.suppress(OSError):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(EXIT_WAIT_S)
 
 
 _REAPER = Reaper()
