@@ -151,7 +151,7 @@ class Planner:
 
     def _waiting(self, key: Key) -> bool:
         """Whether ``key`` is ready and not yet in a bundle."""
-        return key not in self._scheduled and self._missing[key] == 0  # done: scheduled too
+        return key in self._live
 
     def note_held(self, names: Iterable[str]) -> None:
         """A worker's column cache now holds ``names`` (pieces, among other names), or will:
@@ -300,9 +300,8 @@ class Planner:
         found: dict[Key, int] = {}
         for priority, key in itertools.chain(itertools.islice(self._cached, HOLDER_SCAN),
                                              itertools.islice(self._ready, HOLDER_SCAN)):
-            if (key in found or key in self._scheduled or self._missing[key] > 0
-                    or key == seed or self.graph.category(key) != category
-                    or not self._files(key)):
+            if (key in found or key not in self._live or key == seed
+                    or self.graph.category(key) != category or not self._files(key)):
                 continue
             if holder(key) == home:
                 found[key] = priority
@@ -311,8 +310,7 @@ class Planner:
     def _drop_stale(self) -> bool:
         """Pop a ready entry already taken by another bundle's closure, or waiting again for
         a dependency that must be recomputed (:meth:`undo`): lazy deletion."""
-        if self._ready and (self._ready[0][1] in self._scheduled
-                            or self._missing[self._ready[0][1]] > 0):
+        if self._ready and self._ready[0][1] not in self._live:
             heapq.heappop(self._ready)
             return True
         return False

@@ -100,11 +100,10 @@ class SentAhead:
 
 
 def ahead_fits(queued: Queued, alive: bool, idle_kb: int, recycle_fraction: float) -> bool:
-    """Whether ``queued`` may go to the child now, ahead of its ``run``: the child is alive
-    and would not be replaced for it (:func:`needs_fresh_child`), and its sandbox is still
-    there (a cancelled call's is removed). Pure but for the one ``isdir``."""
-    return (not needs_fresh_child(alive, idle_kb / 1024.0, queued.cap_mb, recycle_fraction)
-            and os.path.isdir(queued.sandbox))
+    """Whether ``queued`` (its sandbox still there: :meth:`CappedChild.send_ahead` passes
+    over a cancelled call's) may go to the child now, ahead of its ``run``: the child is
+    alive and would not be replaced for it (:func:`needs_fresh_child`). Pure."""
+    return not needs_fresh_child(alive, idle_kb / 1024.0, queued.cap_mb, recycle_fraction)
 
 
 class CappedChild:
