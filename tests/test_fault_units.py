@@ -68,20 +68,48 @@ def test_the_log_names_tasks_put_back_with_or_without_a_new_attempt(tmp_path: Pa
 
 
 def test_a_tail_gives_the_matching_lines_once_they_are_whole(tmp_path: Path) -> None:
-    import re
-
-    from datavine.io.tail import LineTail
+    from datavine.io.tail import LineTail, line_pattern
 
     path = tmp_path / "log"
     tail = LineTail(path)
-    ready = re.compile(rb"^\d+ READY[^\n]*$", re.MULTILINE)
+    ready = line_pattern(rb"\d+ READY[^\n]*")
     assert tail.matching(ready) == []  # no file yet
     path.write_bytes(b"1 READY a\n2 RUNNING a\n3 READY b")  # the last line half written
     assert tail.matching(ready) == [b"1 READY a"]
     with open(path, "ab") as f:
-        f.write(b"b\n4 READY c\n")
+        f.write(b"b\n4 READY c\n5 READY")
     assert tail.matching(ready) == [b"3 READY bb", b"4 READY c"]
+    with open(path, "ab") as f:  # a pattern matches whole lines only: not a line's start
+        f.write(b"NOT\n6 READY d\n")
+    assert tail.matching(line_pattern(rb"\d+ READY")) == []
     assert tail.matching(ready) == [] and tail.lines() == []
+
+
+def test_the_library_log_reads_the_lines_it_parses_and_skips_the_rest(tmp_path: Path) -> None:
+    """TaskVine's log lines as 7.15 writes them: the library log's search keeps a worker's
+    arrival and departure, its library's states and a task's READY and DONE, and none of
+    the transfers, cache updates and other task states that make most of the log."""
+    from datavine.io.tail import LineTail
+    from datavine.manager.library_log import _READ_LINES
+
+    keep = [b"17 9 WORKER worker-1 CONNECTION 127.0.0.1:4001",
+            b"18 9 LIBRARY 3 SENT worker-1",
+            b"19 9 LIBRARY 3 STARTED worker-1",
+            b'20 9 TASK 448 READY default FIRST_RESOURCES 1 {"cores":[1,"cores"]}',
+            b"21 9 TASK 426 DONE SUCCESS  0 ",
+            b"22 9 WORKER worker-1 DISCONNECTION UNKNOWN"]
+    skip = [b"23 9 WORKER worker-1 TRANSFER INPUT x 5 0.1 file-meta",
+            b'24 9 WORKER worker-1 CACHE_UPDATE file-x 5 0.1 {"a":1}',
+            b'25 9 WORKER worker-1 RESOURCES {"cores":[1,"cores"]}',
+            b"26 9 TASK 448 RUNNING worker-1  FIRST_RESOURCES {}",
+            b"27 9 TASK 448 WAITING_RETRIEVAL worker-1",
+            b"28 9 TASK 448 RETRIEVED SUCCESS  0",
+            b"# time manager_pid TASK task_id READY category"]
+    path = tmp_path / "transactions"
+    path.write_bytes(b"\n".join(line for pair in zip(skip[:-1], keep, strict=True)
+                                for line in pair)
+                     + b"\n" + skip[-1] + b"\n")
+    assert LineTail(path).matching(_READ_LINES) == keep
 
 
 def test_library_logs_find_a_traceback_written_in_pieces(tmp_path: Path) -> None:

@@ -13,11 +13,10 @@ library "sent" and never started is seen by :class:`datavine.scheduler.network.N
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from datavine.io.tail import LineTail
+from datavine.io.tail import LineTail, line_pattern
 from datavine.scheduler.network import (
     LIBRARY_ENDED,
     LIBRARY_SENT,
@@ -27,9 +26,10 @@ from datavine.scheduler.network import (
 
 _LIBRARY_STATES = {b"SENT": LIBRARY_SENT, b"STARTED": LIBRARY_STARTED,
                    b"FAILURE": LIBRARY_ENDED}
-# the lines read here: workers, libraries, a task's READY and DONE (of its six lines)
-_READ_LINES = re.compile(rb"^\d+ \d+ (?:WORKER|LIBRARY|TASK \d+ (?:READY|DONE)) [^\n]*$",
-                         re.MULTILINE)
+# the lines read here: workers joining and leaving, libraries, a task's READY and DONE (of
+# its six lines; a worker's transfers and cache updates are half of the rest)
+_READ_LINES = line_pattern(rb"\d+ \d+ (?:WORKER \S+ (?:CONNECTION|DISCONNECTION)|LIBRARY"
+                           rb"|TASK \d+ (?:READY|DONE))(?: [^\n]*)?")
 
 
 def _fields(line: bytes) -> list[bytes]:
