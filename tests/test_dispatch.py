@@ -44,6 +44,28 @@ def test_fill_uses_only_the_free_room() -> None:
     assert all(target == ANYWHERE for _, target, _ in dispatch.fill(0.0, slots=8, inflight=0))
 
 
+def test_a_bundle_for_any_worker_is_counted_on_the_freest_and_a_crashed_one_is_not() -> None:
+    """Sent to the freest connected worker, so the next bundle counts that slot taken
+    (sent anywhere, TaskVine would fill a slot the manager still counted free); a bundle
+    whose last try crashed still goes anywhere."""
+    dispatch, topology = setup(10, policy=None)
+    topology.announce("a1", "A", 1)
+    for i, name in enumerate(("a0", "a1")):
+        topology.learn(name, "A", f"10.0.0.{i}:9000", ())
+    first = dispatch.fill(0.0, slots=2, inflight=0)
+    assert [t for _, t, _ in first] == [Target(worker="a0"), Target(worker="a1")]
+    assert all(p.tier == Tier.FAR for _, _, p in first)
+    assert dispatch.fill(0.0, slots=4, inflight=2)[0][1] == ANYWHERE  # both full
+    topology.returned(Target(worker="a1"))
+    again = dispatch.planner.next_bundles(1)[0]
+    dispatch.planner.requeue(again)
+    dispatch.anywhere.update(again.keys)
+    ((bundle, target, _),) = dispatch.fill(0.0, slots=4, inflight=3)
+    assert bundle.keys == again.keys and target == ANYWHERE  # a1 is free: not sent there
+    ((_, target, _),) = dispatch.fill(0.0, slots=4, inflight=3)
+    assert target == Target(worker="a1")
+
+
 def test_bundle_for_a_rack_without_room_is_held_then_goes_far() -> None:
     policy = PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0)
     dispatch, _ = setup(12, policy=policy)
@@ -148,11 +170,23 @@ class Exhaustive:
             if home is not None and placement.tier > Tier.FAR:
                 self.last_near[home] = now
             target = self.topology.target(placement)
+            if target == ANYWHERE and self.anywhere.isdisjoint(bundle.keys):
+                target = self.freest() or ANYWHERE
             self.topology.sent(target)
             out.append((bundle, target, placement))
             room -= 1
         self.held.extend(queue)
         return out
+
+    def freest(self) -> Target | None:
+        """The connected named worker with the most free slots, then the smallest id,
+        looking at every worker; None when one has no name or none has a free slot."""
+        workers = list(self.topology.workers.values())
+        if any(not w.named for w in workers):
+            return None
+        free = [(self.topology._free(w), w.id) for w in workers if w.addrport is not None]
+        best = min(((-f, wid) for f, wid in free if f > 0), default=None)
+        return Target(worker=best[1]) if best is not None else None
 
     def place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
         if not self.anywhere.isdisjoint(bundle.keys):
@@ -185,9 +219,10 @@ class Side:
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_the_indexed_dispatcher_decides_as_the_exhaustive_one(seed: int) -> None:
-    """Workers named or not, in racks or not, joining, leaving, finishing bundles; shards
-    failing; crashed bundles sent anywhere; the clock running past the waits: every fill
-    sends the same bundles to the same targets, and holds the same ones in the same order."""
+    """Workers named or not, in racks or not, joining (connected or only announced),
+    leaving, finishing bundles; shards failing; crashed bundles sent anywhere; the clock
+    running past the waits: every fill sends the same bundles to the same targets (a bundle
+    for any worker to the freest named one), and holds the same ones in the same order."""
     rng = random.Random(seed)
     files = [f"/store/f{i}.root" for i in range(24)]
     reads = {("read", i): tuple(rng.sample(files, rng.choice([1, 1, 1, 2])))
@@ -209,10 +244,13 @@ def test_the_indexed_dispatcher_decides_as_the_exhaustive_one(seed: int) -> None
         sides.append(Side(kind(planner, topology, policy, shardmap, health, 1), planner,
                           topology, health))
     workers: dict[str, tuple[bool, str | None, str, str]] = {}  # id -> named, rack, addr, host
+    # every worker named (bundles for any worker then go to the freest), or not
+    all_named = rng.random() < 0.5
 
     def join() -> None:
         i = len(workers)
-        named, rack = rng.random() < 0.7, rng.choice(["A", "B", "C", None])
+        connects = rng.random() < 0.5
+        named, rack = all_named or rng.random() < 0.7, rng.choice(["A", "B", "C", None])
         rack = rack if named else rack or "A"  # one without a name needs a rack
         addr, host, cores = f"10.0.0.{i}:9000", rng.choice(hosts), rng.choice([1, 1, 2])
         wid = f"w{i}" if named else addr
@@ -220,6 +258,8 @@ def test_the_indexed_dispatcher_decides_as_the_exhaustive_one(seed: int) -> None
         for side in sides:
             if named:
                 side.topology.announce(wid, rack, cores, host=host)
+                if connects:  # connected now (else when its first result names its address)
+                    side.topology.learn(wid, rack, addr, host=host)
             else:
                 side.topology.learn(None, rack, addr, host=host)
 

@@ -51,6 +51,30 @@ def test_free_slots_count_bundles_sent_to_a_worker_and_its_rack() -> None:
     assert {v.id: v.free_slots for v in topo.views()}["local-0"] == 1
 
 
+def test_a_bundle_for_any_worker_goes_to_the_freest_connected_named_one() -> None:
+    """An idle worker before one with a call out; a rack's share of rack-wide bundles
+    counts; a worker only announced (not connected) is not waited for; when every slot is
+    taken there is none, and none either once a worker without a name is known (only
+    TaskVine can send a bundle there)."""
+    topo = two_racks()
+    assert topo.freest() is None  # announced, none connected yet
+    for i in range(4):
+        topo.learn(f"local-{i}", None, f"10.0.0.{i}:9000", ())
+    assert topo.freest() == Target(worker="local-0")  # all idle: the smallest id
+    topo.sent(Target(worker="local-0"))
+    topo.sent(Target(rack="a"))  # local-0 and local-1 share it: one slot each
+    assert topo.freest() == Target(worker="local-2")
+    for i in (2, 3, 2, 3):
+        topo.sent(Target(worker=f"local-{i}"))
+    assert topo.freest() == Target(worker="local-1")  # one free slot: the last one
+    topo.sent(Target(worker="local-1"))
+    assert topo.freest() is None  # every slot taken
+    topo.returned(Target(worker="local-3"))
+    assert topo.freest() == Target(worker="local-3")
+    topo.learn(None, "a", "10.0.0.9:9000", ())  # a worker without a name
+    assert topo.freest() is None
+
+
 def test_a_rack_decision_targets_the_best_named_worker() -> None:
     topo = two_racks()
     task = TaskInputs(("f1",), {"f1": "b"})

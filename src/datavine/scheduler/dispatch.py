@@ -25,7 +25,7 @@ from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.held import Held, HeldBundles
 from datavine.scheduler.pieces import PiecesOf
 from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
-from datavine.scheduler.topology import Target, Topology
+from datavine.scheduler.topology import ANYWHERE, Target, Topology
 from datavine.scheduler.worker_index import FILE
 
 Key = Hashable
@@ -100,6 +100,8 @@ class Dispatcher:
             if home is not None and placement.tier > Tier.FAR:
                 self.last_near[home] = now
             target = self.topology.target(placement)
+            if target == ANYWHERE and self.anywhere.isdisjoint(bundle.keys):
+                target = self.topology.freest() or ANYWHERE  # counted where it runs
             self.topology.sent(target)
             out.append((bundle, target, placement))
             room -= 1

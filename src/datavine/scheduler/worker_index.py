@@ -47,6 +47,11 @@ class WorkerIndexes:
         self._groups: dict[Group, LeastBusy] = {}
         self._rack_groups: defaultdict[str, set[Group]] = defaultdict(set)
         self._host_groups: defaultdict[str, set[Group]] = defaultdict(set)
+        # the named workers connected (TaskVine gave their address), by rack and cores
+        # (alike but for their load), least busy first: a bundle for any worker goes to the
+        # freest (Topology.freest); and how many known workers have no name
+        self._named_pools: dict[tuple[str | None, int], LeastBusy] = {}
+        self._unnamed = 0
 
     def _reindex(self, known: KnownWorker) -> None:
         """Bring the indexes in line with ``known`` after a change (or none: then nothing
@@ -95,12 +100,24 @@ class WorkerIndexes:
                                             for n in self._shard_names):
                     self.epoch += 1  # a shard's host in a new rack: wake keys change
             members.put(wid, busy)
+        if known.named and known.addrport is not None:
+            self._named_pools.setdefault((known.rack, known.cores), LeastBusy()).put(wid, busy)
+        elif not known.named:
+            self._unnamed += 1
 
     def _unindex(self, known: KnownWorker) -> None:
         entry = self._indexed.pop(known.id, None)
         if entry is None:
             return
         rack, host, cores, addrport, named = entry
+        if named and addrport is not None:
+            pool = self._named_pools.get((rack, cores))
+            if pool is not None:
+                pool.remove(known.id)
+                if not pool:
+                    del self._named_pools[(rack, cores)]
+        elif not named:
+            self._unnamed -= 1
         if rack is not None:
             _discard(self._by_rack, rack, known.id)
             self._rack_cores[rack] -= cores
@@ -141,8 +158,9 @@ class WorkerIndexes:
             return
         for index in (self._indexed, self._by_rack, self._rack_cores, self._by_host,
                       self._by_addr, self._readers, self._groups, self._rack_groups,
-                      self._host_groups):
+                      self._host_groups, self._named_pools):
             index.clear()
+        self._unnamed = 0
         for known in self.workers.values():
             self._index(known)
             for lfn in known.files_read:
@@ -158,6 +176,8 @@ class WorkerIndexes:
         busy = self._per_worker.get(wid, 0)
         for group in self._groups_of(*entry[:3], entry[4]):
             self._groups[group].put(wid, busy)
+        if entry[4] and entry[3] is not None:
+            self._named_pools[(entry[0], entry[2])].put(wid, busy)
         return self.workers.get(wid)
 
 
