@@ -179,14 +179,17 @@ class Exhaustive:
         return out
 
     def freest(self) -> Target | None:
-        """The connected named worker with the most free slots, then the smallest id,
-        looking at every worker; None when one has no name or none has a free slot."""
+        """The connected named worker with the most free slots, then the one sent a bundle
+        longest ago, then the smallest id, looking at every worker; None when one has no
+        name or none has a free slot."""
         workers = list(self.topology.workers.values())
         if any(not w.named for w in workers):
             return None
-        free = [(self.topology._free(w), w.id) for w in workers if w.addrport is not None]
-        best = min(((-f, wid) for f, wid in free if f > 0), default=None)
-        return Target(worker=best[1]) if best is not None else None
+        last = self.topology._last_sent
+        best = min(((-f, last.get(w.id, -1), w.id) for w in workers
+                    if w.addrport is not None and (f := self.topology._free(w)) > 0),
+                   default=None)
+        return Target(worker=best[2]) if best is not None else None
 
     def place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
         if not self.anywhere.isdisjoint(bundle.keys):

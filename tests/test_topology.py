@@ -75,6 +75,22 @@ def test_a_bundle_for_any_worker_goes_to_the_freest_connected_named_one() -> Non
     assert topo.freest() is None
 
 
+def test_among_equally_free_workers_the_freest_is_the_one_sent_a_bundle_longest_ago() -> None:
+    """Bundles that come back as fast as they go out do not all go to the same worker (the
+    smallest id): its cache would hold more of the run than the others' and end it last."""
+    topo = two_racks()
+    for i in range(4):
+        topo.learn(f"local-{i}", None, f"10.0.0.{i}:9000", ())
+    got = []
+    for _ in range(8):
+        target = topo.freest()
+        assert target is not None
+        topo.sent(target)
+        topo.returned(target)
+        got.append(target.worker)
+    assert got == ["local-0", "local-1", "local-2", "local-3"] * 2
+
+
 def test_a_rack_decision_targets_the_best_named_worker() -> None:
     topo = two_racks()
     task = TaskInputs(("f1",), {"f1": "b"})
@@ -350,14 +366,17 @@ def test_a_piece_sent_to_a_worker_counts_as_held_there_until_its_result_says_oth
     task = TaskInputs(("/store/f.root",), {"/store/f.root": "b"}, pieces=(piece,))
     assert topo.holder([piece]) is None
     expected = topo.expect("local-3", [piece])
-    assert set(expected) == {piece, marker_name("/store/f.root")}
-    # the next copy of the piece goes to the worker that will hold it, before any result
+    assert set(expected) == {piece, "/store/f.root", marker_name("/store/f.root")}
+    # the next copy of the piece goes to the worker that will hold it, before any result:
+    # the planner groups it for that worker, and placement finds that worker among the
+    # file's candidates (it had read nothing of the file before)
     assert topo.holder([piece]) == "local-3"
-    placement = decide(task, topo.views(), waited_s=0.0)
+    assert "local-3" in {v.id for v in topo.candidates(task)}
+    placement = decide(task, topo.candidates(task), waited_s=0.0)
     assert placement.tier == Tier.CACHED and placement.workers == ("local-3",)
     assert topo.expect("local-3", [piece]) == ()  # counted once: a second copy adds nothing
     # its result says the cache holds it: it stays
-    topo.expected_back("local-3", expected, [{"lfn": piece}, {"lfn": expected[1]}])
+    topo.expected_back("local-3", expected, [{"lfn": n} for n in expected])
     assert topo.holder([piece]) == "local-3"
 
 
@@ -365,9 +384,9 @@ def test_a_piece_whose_call_failed_or_was_not_kept_stops_counting_as_held() -> N
     topo = two_racks()
     kept, refused = piece_name("/store/f.root", 0, 100), piece_name("/store/f.root", 100, 200)
     first = topo.expect("local-0", [kept])
-    topo.expected_back("local-0", first, [{"lfn": kept}, {"lfn": marker_name("/store/f.root")}])
+    topo.expected_back("local-0", first, [{"lfn": n} for n in first])
     second = topo.expect("local-0", [refused])
-    assert second == (refused,)  # the file's marker was held before: not the call's to take
+    assert second == (refused,)  # the file and its marker held before: not the call's to take
     topo.expected_back("local-0", second, [])  # failed, or its cache did not keep the piece
     assert topo.holder([refused]) is None and topo.holder([kept]) == "local-0"
     # a worker the registry does not know is expected to hold nothing

@@ -220,17 +220,23 @@ class Topology(WorkerIndexes):
 
     def expect(self, worker_id: str, pieces: Iterable[str]) -> tuple[str, ...]:
         """A bundle reading ``pieces`` was sent to ``worker_id``: its column cache will hold
-        them, so count them as held there from now on (and the markers of their files, which
-        make placement match that worker's pieces, not its files), before its result says
-        so. A later copy of a piece still in flight (the same chunk in a later pass) then
-        goes to that worker, or waits for it, instead of being decoded again elsewhere.
-        Returns the names that were new there: :meth:`expected_back` confirms or takes
-        them back once the bundle's result has come or failed."""
+        them, so count them as held there from now on (and their files, which make the
+        worker a candidate for their tasks, and the files' markers, which make placement
+        match that worker's pieces, not its files), before its result says so. A later copy
+        of a piece still in flight (the same chunk in a later pass) then goes to that
+        worker, or waits for it, instead of being decoded again elsewhere. (Without the
+        files, a worker sent its first chunk of a file was no candidate for the file's
+        tasks: the planner grouped the chunk's later passes for that worker, and placement,
+        finding no worker near, sent them to another, which decoded the chunk again: 4-9
+        chunks of a default scale test once bundles for any worker were sent to the
+        freest.) Returns the names that were new there: :meth:`expected_back` confirms or
+        takes them back once the bundle's result has come or failed."""
         known = self.workers.get(worker_id)
         if known is None:
             return ()
         pieces = tuple(pieces)
-        names = dict.fromkeys((*pieces, *(marker_name(file_of(p)) for p in pieces)))
+        files = [file_of(p) for p in pieces]
+        names = dict.fromkeys((*pieces, *files, *(marker_name(f) for f in files)))
         new = tuple(n for n in names if n not in known.files_read)
         self.read(known, new)
         return new
@@ -493,7 +499,9 @@ class Topology(WorkerIndexes):
 
     def freest(self) -> Target | None:
         """The target of the connected named worker with the most free bundle slots (an
-        idle one first; then the smallest id), for a bundle that may run anywhere; None when
+        idle one first; then the one sent a bundle longest ago, then the smallest id: among
+        equals, not always the same one, whose cache would then hold more of the run than
+        the others' and end it last), for a bundle that may run anywhere; None when
         some known worker has no name (only TaskVine can send a bundle there) or none has a
         free slot (a worker datavine started that has not connected yet is not waited for).
 
@@ -506,14 +514,13 @@ class Topology(WorkerIndexes):
         worker x log(workers))."""
         if self._unnamed:
             return None
-        best: tuple[int, str] | None = None
+        best: tuple[int, int, str] | None = None
         for (rack, cores), pool in self._named_pools.items():
             room = cores * self.bundles_per_core - self._share(rack, cores)
             for wid in pool.best(1, room):  # the least busy of workers alike: the freest
-                free = room - self._per_worker.get(wid, 0)
-                if best is None or (-free, wid) < (-best[0], best[1]):
-                    best = (free, wid)
-        return self._target(best[1], None) if best is not None else None
+                key = (-(room - self._per_worker.get(wid, 0)), self._last_sent.get(wid, -1), wid)
+                best = key if best is None or key < best else best
+        return self._target(best[2], None) if best is not None else None
 
     def named(self, worker: str) -> Target:
         """The target of one named worker (a backup copy goes to exactly that worker)."""
@@ -536,6 +543,8 @@ class Topology(WorkerIndexes):
         self.inflight[target] += 1
         if target.worker is not None:
             self._per_worker[target.worker] += 1
+            self._sent_seq += 1
+            self._last_sent[target.worker] = self._sent_seq
             self._regroup(target.worker)
         elif target.rack is not None:
             self._per_rack[target.rack] += 1

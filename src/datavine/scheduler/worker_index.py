@@ -52,6 +52,8 @@ class WorkerIndexes:
         # freest (Topology.freest); and how many known workers have no name
         self._named_pools: dict[tuple[str | None, int], LeastBusy] = {}
         self._unnamed = 0
+        self._sent_seq = 0  # counts bundles sent to a named worker
+        self._last_sent: dict[str, int] = {}  # worker -> when it last got one (that count)
 
     def _reindex(self, known: KnownWorker) -> None:
         """Bring the indexes in line with ``known`` after a change (or none: then nothing
@@ -101,7 +103,8 @@ class WorkerIndexes:
                     self.epoch += 1  # a shard's host in a new rack: wake keys change
             members.put(wid, busy)
         if known.named and known.addrport is not None:
-            self._named_pools.setdefault((known.rack, known.cores), LeastBusy()).put(wid, busy)
+            self._named_pools.setdefault((known.rack, known.cores), LeastBusy()).put(
+                wid, busy, self._last_sent.get(wid, -1))
         elif not known.named:
             self._unnamed += 1
 
@@ -177,7 +180,8 @@ class WorkerIndexes:
         for group in self._groups_of(*entry[:3], entry[4]):
             self._groups[group].put(wid, busy)
         if entry[4] and entry[3] is not None:
-            self._named_pools[(entry[0], entry[2])].put(wid, busy)
+            self._named_pools[(entry[0], entry[2])].put(wid, busy,
+                                                        self._last_sent.get(wid, -1))
         return self.workers.get(wid)
 
 
