@@ -44,25 +44,31 @@ def test_fill_uses_only_the_free_room() -> None:
     assert all(target == ANYWHERE for _, target, _ in dispatch.fill(0.0, slots=8, inflight=0))
 
 
-def test_a_bundle_for_any_worker_is_counted_on_the_freest_and_a_crashed_one_is_not() -> None:
-    """Sent to the freest connected worker, so the next bundle counts that slot taken
-    (sent anywhere, TaskVine would fill a slot the manager still counted free); a bundle
-    whose last try crashed still goes anywhere."""
+def test_a_bundle_for_any_worker_is_counted_on_the_freest_once_one_is_named() -> None:
+    """While no bundle sent to a named worker is out, a bundle for any worker goes to any
+    worker (TaskVine puts it in a free slot; no count of the manager's is wrong for it).
+    Once one is out, it goes to the freest connected worker and is counted there (sent
+    anywhere, TaskVine would fill a slot the manager counts free, and the next named bundle
+    would wait there behind both); a bundle whose last try crashed still goes anywhere."""
     dispatch, topology = setup(10, policy=None)
     topology.announce("a1", "A", 1)
     for i, name in enumerate(("a0", "a1")):
         topology.learn(name, "A", f"10.0.0.{i}:9000", ())
     first = dispatch.fill(0.0, slots=2, inflight=0)
-    assert [t for _, t, _ in first] == [Target(worker="a0"), Target(worker="a1")]
-    assert all(p.tier == Tier.FAR for _, _, p in first)
-    assert dispatch.fill(0.0, slots=4, inflight=2)[0][1] == ANYWHERE  # both full
-    topology.returned(Target(worker="a1"))
+    assert [t for _, t, _ in first] == [ANYWHERE, ANYWHERE]
+    for _ in first:
+        topology.returned(ANYWHERE)
+    topology.sent(Target(worker="a0"))  # a bundle near its files, say: a0 is full
+    ((_, target, placement),) = dispatch.fill(0.0, slots=2, inflight=1)
+    assert target == Target(worker="a1") and placement.tier == Tier.FAR
+    topology.returned(target)
     again = dispatch.planner.next_bundles(1)[0]
     dispatch.planner.requeue(again)
     dispatch.anywhere.update(again.keys)
-    ((bundle, target, _),) = dispatch.fill(0.0, slots=4, inflight=3)
+    ((bundle, target, _),) = dispatch.fill(0.0, slots=2, inflight=1)
     assert bundle.keys == again.keys and target == ANYWHERE  # a1 is free: not sent there
-    ((_, target, _),) = dispatch.fill(0.0, slots=4, inflight=3)
+    topology.returned(target)
+    ((_, target, _),) = dispatch.fill(0.0, slots=2, inflight=1)
     assert target == Target(worker="a1")
 
 
@@ -170,7 +176,8 @@ class Exhaustive:
             if home is not None and placement.tier > Tier.FAR:
                 self.last_near[home] = now
             target = self.topology.target(placement)
-            if target == ANYWHERE and self.anywhere.isdisjoint(bundle.keys):
+            if (target == ANYWHERE and self.topology.named_out
+                    and self.anywhere.isdisjoint(bundle.keys)):
                 target = self.freest() or ANYWHERE
             self.topology.sent(target)
             out.append((bundle, target, placement))

@@ -100,7 +100,8 @@ class Dispatcher:
             if home is not None and placement.tier > Tier.FAR:
                 self.last_near[home] = now
             target = self.topology.target(placement)
-            if target == ANYWHERE and self.anywhere.isdisjoint(bundle.keys):
+            if (target == ANYWHERE and self.topology.named_out
+                    and self.anywhere.isdisjoint(bundle.keys)):
                 target = self.topology.freest() or ANYWHERE  # counted where it runs
             self.topology.sent(target)
             out.append((bundle, target, placement))

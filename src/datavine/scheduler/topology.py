@@ -497,6 +497,14 @@ class Topology(WorkerIndexes):
                 return Target(rack=known.rack)
         return ANYWHERE
 
+    @property
+    def named_out(self) -> bool:
+        """Whether a bundle sent to a named worker is out. While none is, bundles for any
+        worker go to any worker (TaskVine puts each in a free slot, and no count of the
+        manager's is wrong for it), which costs the manager less than naming one (a named
+        worker's counts and orders kept up: ~30 us a bundle at 256 workers)."""
+        return bool(self._per_worker)
+
     def freest(self) -> Target | None:
         """The target of the connected named worker with the most free bundle slots (an
         idle one first; then the one sent a bundle longest ago, then the smallest id: among
