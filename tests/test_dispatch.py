@@ -49,7 +49,8 @@ def test_a_bundle_for_any_worker_is_counted_on_the_freest_once_one_is_named() ->
     worker (TaskVine puts it in a free slot; no count of the manager's is wrong for it).
     Once one is out, it goes to the freest connected worker and is counted there (sent
     anywhere, TaskVine would fill a slot the manager counts free, and the next named bundle
-    would wait there behind both); a bundle whose last try crashed still goes anywhere."""
+    would wait there behind both); a bundle whose last try crashed still goes anywhere, and
+    so does the last one (no bundle follows it that a wrong count would misplace)."""
     dispatch, topology = setup(10, policy=None)
     topology.announce("a1", "A", 1)
     for i, name in enumerate(("a0", "a1")):
@@ -70,6 +71,10 @@ def test_a_bundle_for_any_worker_is_counted_on_the_freest_once_one_is_named() ->
     topology.returned(target)
     ((_, target, _),) = dispatch.fill(0.0, slots=2, inflight=1)
     assert target == Target(worker="a1")
+    last, _ = setup(1, policy=None)
+    last.topology.learn("a0", "A", "10.0.0.0:9000", ())
+    last.topology.sent(Target(worker="zz"))  # a named bundle out elsewhere
+    assert [t for _, t, _ in last.fill(0.0, slots=2, inflight=1)] == [ANYWHERE]
 
 
 def test_bundle_for_a_rack_without_room_is_held_then_goes_far() -> None:
@@ -176,7 +181,7 @@ class Exhaustive:
             if home is not None and placement.tier > Tier.FAR:
                 self.last_near[home] = now
             target = self.topology.target(placement)
-            if (target == ANYWHERE and self.topology.named_out
+            if (target == ANYWHERE and self.topology.named_out and self.planner.n_ready
                     and self.anywhere.isdisjoint(bundle.keys)):
                 target = self.freest() or ANYWHERE
             self.topology.sent(target)

@@ -100,9 +100,12 @@ class Dispatcher:
             if home is not None and placement.tier > Tier.FAR:
                 self.last_near[home] = now
             target = self.topology.target(placement)
-            if (target == ANYWHERE and self.topology.named_out
+            if (target == ANYWHERE and self.topology.named_out and self.planner.n_ready
                     and self.anywhere.isdisjoint(bundle.keys)):
-                target = self.topology.freest() or ANYWHERE  # counted where it runs
+                # named to the freest worker, so that it counts where it runs while named
+                # bundles are out; the last goes anywhere: TaskVine, which sees a slot free
+                # before the manager takes the result that freed it, puts it there at once
+                target = self.topology.freest() or ANYWHERE
             self.topology.sent(target)
             out.append((bundle, target, placement))
             room -= 1
