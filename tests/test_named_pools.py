@@ -19,6 +19,7 @@ import pytest
 from datavine.config import ManagerConfig, RunConfig
 from datavine.deploy.pools import FactoryConfig, factory_command
 from datavine.deploy.pools.identity import WRAPPER_NAME, condor_name, local_name, write_wrapper
+from datavine.errors import NoWorkersError
 
 pytest_plugins = ["tests.fixtures_condor"]
 
@@ -130,7 +131,12 @@ def test_a_worker_that_joins_the_pool_is_warmed_before_the_next_run(tmp_path: Pa
         config = cluster.pools[0].scratch_dir / "factory.json"
         doc = json.loads(config.read_text())
         config.write_text(json.dumps({**doc, "min-workers": 2}))
-        cluster.runtime.wait_for_workers(2, 90)
+        try:
+            cluster.runtime.wait_for_workers(2, 90)
+        except NoWorkersError as exc:  # once in a full run (2026-11-28): say what the factory did
+            debug = cluster.pools[0].scratch_dir / "factory.debug"
+            lines = debug.read_text(errors="replace").splitlines() if debug.exists() else []
+            raise AssertionError(f"{exc}; the end of {debug}:\n" + "\n".join(lines[-60:])) from exc
         assert dask.compute(delayed(sum)([1, 2]), scheduler=cluster.get)[0] == 3
         names = set(cluster.pools[0].worker_names())
         assert len(names) == 2 and cluster.warm_report.warm == names
