@@ -32,7 +32,7 @@ class LineTail:
         data = self._read()
         cut = data.rfind(b"\n") + 1
         self.partial = data[cut:]
-        return pattern.findall(b"\n" + data[:cut]) if cut else []
+        return pattern.findall(b"\n" + data, 0, cut + 1)  # one copy, up to the last newline
 
     def _read(self) -> bytes:
         """The partial line kept from the last read and the bytes appended since."""

@@ -103,8 +103,8 @@ class WorkerIndexes:
                     self.epoch += 1  # a shard's host in a new rack: wake keys change
             members.put(wid, busy)
         if known.named and known.addrport is not None:
-            self._named_pools.setdefault((known.rack, known.cores), LeastBusy()).put(
-                wid, busy, self._last_sent.get(wid, -1))
+            self._named_pools.setdefault((known.rack, known.cores), LeastBusy())
+            self._put_named(wid, known.rack, known.cores, busy)
         elif not known.named:
             self._unnamed += 1
 
@@ -180,9 +180,13 @@ class WorkerIndexes:
         for group in self._groups_of(*entry[:3], entry[4]):
             self._groups[group].put(wid, busy)
         if entry[4] and entry[3] is not None:
-            self._named_pools[(entry[0], entry[2])].put(wid, busy,
-                                                        self._last_sent.get(wid, -1))
+            self._put_named(wid, entry[0], entry[2], busy)
         return self.workers.get(wid)
+
+    def _put_named(self, wid: str, rack: str | None, cores: int, busy: int) -> None:
+        """A connected named worker's place among the workers alike, by ``busy`` and then
+        by when it last got a bundle (:meth:`Topology.freest`)."""
+        self._named_pools[(rack, cores)].put(wid, busy, self._last_sent.get(wid, -1))
 
 
 T = TypeVar("T")
