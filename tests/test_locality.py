@@ -230,10 +230,19 @@ def test_second_pass_is_served_from_the_caches(passes: Passes) -> None:
     assert cold.origin.opens - before.origin.opens == len(passes.lfns)  # each file once
     assert all(cold.origin.opens_by_file.get(f) == 1 for f in passes.lfns)
     assert cold.origin.bytes_out > before.origin.bytes_out
-    # the warm pass: nothing more from the origin, and only cache hits in the shards
-    assert warm.origin.opens == cold.origin.opens
-    assert warm.origin.bytes_out == cold.origin.bytes_out
-    assert warm.origin.opens_by_file == cold.origin.opens_by_file
+    # The warm pass: not one byte more read from the origin, and only cache hits in the
+    # shards. A shard may still open a fully cached file at the origin, reading nothing:
+    # XRootD 5.5's cache defers the open, then takes the file's size from the origin when
+    # it cannot read the cache's own record at that moment (once in a clean-clone CI run:
+    # opens 13 against 12, read requests 203 against 203, 105 bytes out). Such an open
+    # moves no data, so it is reported here, not failed on; a race, so at most a couple of
+    # files: every file opened again would mean the cache no longer defers opens.
+    reopened = {f: n - cold.origin.opens_by_file.get(f, 0)
+                for f, n in warm.origin.opens_by_file.items()
+                if n > cold.origin.opens_by_file.get(f, 0)}
+    assert warm.origin.read_requests == cold.origin.read_requests, reopened
+    assert warm.origin.bytes_read_by_file == cold.origin.bytes_read_by_file, reopened
+    assert warm.origin.opens - cold.origin.opens == sum(reopened.values()) <= 2, reopened
     for lfn in passes.lfns:
         (shard,) = warm.holders(lfn)
         history = warm.shards[shard][lfn].history
