@@ -22,7 +22,7 @@ from datavine.io.cached_arrays import read_arrays, read_held
 from datavine.io.column_cache import ColumnCache, ColumnKey
 from datavine.io.datagen import generate_dataset
 from datavine.io.reading import open_input, reading
-from datavine.protocol import BundleSpec
+from datavine.protocol import BundleSpec, Status
 from datavine.scheduler.summary import RunSummary
 from datavine.scheduler.topology import Topology
 
@@ -411,6 +411,33 @@ def test_a_bundle_says_how_much_cache_its_process_held_when_it_started(
     second = execute_bundle(bundle(5_000))
     held = column_cache.cache().bytes
     assert second.ok and 0 < second.cache_mb < held / column_cache.MB  # the first's columns
+
+
+def test_a_bundle_whose_output_cannot_be_sent_still_reports_its_reads(
+        files: list[Path]) -> None:
+    """A bundle that read its file and then failed to serialise its output is an error
+    whose record still names what it read and the cache it started with: placement and the
+    memory policy learn from a failed bundle too."""
+    import threading
+
+    from datavine.scheduler import graph as graphs
+    from datavine.worker.remote import execute_bundle
+
+    def with_a_lock(chunk: agc.Chunk) -> tuple[object, threading.Lock]:
+        return agc.process_item(chunk), threading.Lock()  # a lock does not pickle
+
+    def bundle(start: int, fn: object) -> BundleSpec:
+        chunk = agc.Chunk(str(files[0]), start, start + 5_000)
+        graph = graphs.build({"x": (fn, chunk)}, ["x"])
+        return BundleSpec(nodes=[("x", graph.nodes["x"])], outputs=["x"], inline_max=1 << 20,
+                          cache_mb=64.0)
+
+    assert execute_bundle(bundle(0, agc.process_item)).ok  # something held before it
+    failed = execute_bundle(bundle(5_000, with_a_lock))
+    assert failed.status is Status.ERROR and "cannot be serialised" in failed.message
+    assert failed.cache_mb > 0
+    assert any(r["lfn"].endswith(files[0].name) and r["bytes"] > 0 for r in failed.reads), \
+        failed.reads
 
 
 def test_read_held_serves_only_whole_hits_and_opens_nothing(

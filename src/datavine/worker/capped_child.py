@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import resource
 import select
 import struct
 import threading
@@ -430,8 +431,7 @@ def _after_call() -> tuple[int, int]:
 
 
 def _hwm_kb() -> int:
-    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", "rb") as f:
-        for line in f:
-            if line.startswith(b"VmHWM:"):
-                return int(line.split()[1])
-    return 0
+    """This process's peak RSS (kB) since the mark was reset: ``ru_maxrss`` follows VmHWM
+    in a forked child (no exec before it), ~1 us against ~20-60 us for reading VmHWM from
+    ``/proc/self/status``, on the path between two calls."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

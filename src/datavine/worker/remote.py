@@ -147,15 +147,17 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
             sig = f" (signal {capped.signal})" if capped.signal else ""
             result = BundleResult(Status.ERROR, message=f"{capped.error}{sig}",
                                   traceback=capped.traceback or "", crashed=True)
-        result = dataclasses.replace(result, peak_mb=capped.peak_mb, cap_mb=cap_mb)
+        peak_mb: float = capped.peak_mb
         if not result.ok:  # its retry gets a clean process: fresh caches (and the call
             _capped_child().close()  # sent ahead to this one starts again there)
         _learn_shard_failures(result.reads)
         if result.status is Status.INPUT and result.server:  # a child's health dies with it
             shard_health().mark_failed(result.server, time.monotonic())
     else:
-        result = dataclasses.replace(execute_payload(payload), peak_mb=_peak_rss_mb())
-    record = reply(_stamp(result, started).encode(), reply_file)
+        result = execute_payload(payload)
+        peak_mb = _peak_rss_mb()
+    record = reply(_stamp(result, started, peak_mb, cap_mb if cap_mb else None).encode(),
+                   reply_file)
     return record if reply_file is None else dict(REPLIED)
 
 
@@ -264,11 +266,15 @@ def _hard_limit(limit_s: float | None) -> float | None:
     return None if limit_s is None else limit_s + HARD_LIMIT_GRACE_S
 
 
-def _stamp(result: BundleResult, started: float) -> BundleResult:
-    """Where and how long: the worker's name and rack, its host, the library's PID."""
+def _stamp(result: BundleResult, started: float, peak_mb: float,
+           cap_mb: float | None) -> BundleResult:
+    """Where, how long and how much: the worker's name and rack, its host, the library's
+    PID, the bundle's memory peak and the cap it ran under (one replace of the record: it is
+    made for every bundle)."""
     worker, rack = labels.here()
     return dataclasses.replace(result, worker=worker, rack=rack, host=socket.gethostname(),
-                               pid=os.getpid(), wall_s=time.perf_counter() - started)
+                               pid=os.getpid(), wall_s=time.perf_counter() - started,
+                               peak_mb=peak_mb, cap_mb=cap_mb)
 
 
 def _preload(modules: Iterable[str]) -> None:
@@ -316,12 +322,16 @@ def execute_bundle(spec: BundleSpec) -> BundleResult:
         held = column_cache.cache().bytes  # before the bundle: its peak holds it too
         result = _execute(spec.nodes, values, outputs, spec.categories, uses, timing,
                           spec.limits)
+        reads = [r.as_dict() for r in ctx.records()]
+        cache_mb = held / column_cache.MB
+        # a bundle that ran is packed with its reads: its record made once (a frozen
+        # record's replace, twice per bundle, was ~10% of the time between two bundles)
         if result.ok:
-            result = _pack(values, outputs, spec.store, spec.inline_max, timing)
-        result = dataclasses.replace(result, reads=[r.as_dict() for r in ctx.records()])
+            result = _pack(values, outputs, spec.store, spec.inline_max, timing, reads,
+                           cache_mb)
+        if not result.ok:  # a task failed, or an output did not serialise
+            result = dataclasses.replace(result, reads=reads, cache_mb=cache_mb)
         shards = [opened[2] for opened in ctx.opened if opened[2] not in DIRECT_SERVERS]
-    if held:
-        result = dataclasses.replace(result, cache_mb=held / column_cache.MB)
     if result.status is Status.ERROR and result.os_error and shards:
         result = dataclasses.replace(result, status=Status.INPUT, server=shards[-1])
         shard_health().mark_failed(shards[-1], time.monotonic())
@@ -373,13 +383,15 @@ def _read_input_files(input_files: dict[Key, str], values: dict[Key, object],
 
 
 def _pack(values: dict[Key, object], outputs: set[Key], store: dict[Key, str], inline_max: int,
-          timing: dict[str, list[float]]) -> BundleResult:
+          timing: dict[str, list[float]], reads: list[ReadRecordDict] | None = None,
+          cache_mb: float = 0.0) -> BundleResult:
     """The bundle's outputs: inline when not in ``store`` or at most ``inline_max`` bytes;
     the others in the file ``store`` names (one :mod:`datavine.worker.value_file` for the
     bundle, written even when it holds nothing, since TaskVine expects it), their sizes in
     ``stored``. A value bound for the file is pickled once, its arrays' memory written
     straight to the file; one that turns out small goes inline as that pickle when it has no
-    buffer out of band, else pickled again, in band."""
+    buffer out of band, else pickled again, in band. ``reads`` and ``cache_mb`` go into the
+    record as they are."""
     out: dict[Key, bytes] = {}
     stored: dict[Key, int] = {}
     files: dict[str, dict[Key, value_file.Pickled]] = {name: {} for name in store.values()}
@@ -399,7 +411,8 @@ def _pack(values: dict[Key, object], outputs: set[Key], store: dict[Key, str], i
     for name, kept_values in files.items():
         value_file.write_values(name, kept_values)
     return BundleResult(Status.OK, values=out, stored=stored,
-                        timing={c: (int(n), s) for c, (n, s) in timing.items()})
+                        timing={c: (int(n), s) for c, (n, s) in timing.items()},
+                        reads=reads if reads is not None else [], cache_mb=cache_mb)
 
 
 def _error_result(key: Key, exc: BaseException) -> BundleResult:
