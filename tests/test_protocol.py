@@ -5,6 +5,7 @@ the wrong type -- is a ProtocolError that names the field and the worker, on eit
 from __future__ import annotations
 
 import ast
+import pickle
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,15 @@ import pytest
 
 import datavine.protocol as protocol
 from datavine.config import RunConfig
-from datavine.protocol import PROTOCOL, BundleResult, BundleSpec, ProtocolError, Status
+from datavine.protocol import (
+    PROTOCOL,
+    BundleResult,
+    BundleSpec,
+    Pickled,
+    ProtocolError,
+    Status,
+    loaded,
+)
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import Phase
@@ -168,3 +177,15 @@ def test_the_protocol_module_imports_only_the_standard_library_and_datavine_erro
     outside = {m for m in modules if m.split(".")[0] not in sys.stdlib_module_names
                and m != "__future__"}
     assert outside == {"datavine.errors"}
+
+
+def test_a_pickled_value_travels_as_its_bytes_and_loads_once() -> None:
+    """A value kept as its pickle is carried inside another pickle as those bytes, and
+    read back as the value; loading it at the manager gives one object, however often."""
+    blob = pickle.dumps({"bins": [1, 2, 3]}, protocol=5)
+    kept = Pickled(blob)
+    outer = pickle.dumps({"inputs": {"x": kept}}, protocol=5)
+    assert blob in outer
+    assert pickle.loads(outer) == {"inputs": {"x": {"bins": [1, 2, 3]}}}
+    assert kept.load() is kept.load() and loaded(kept) is kept.load()
+    assert loaded(5) == 5

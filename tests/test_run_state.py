@@ -24,7 +24,7 @@ from datavine.errors import (
     TaskTimeLimitError,
 )
 from datavine.io.column_cache import marker_name, piece_name
-from datavine.protocol import BundleResult, Status
+from datavine.protocol import BundleResult, Pickled, Status
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.learned import Learned
 from datavine.scheduler.memory import MemoryPolicy
@@ -156,6 +156,32 @@ def test_inline_mode_stores_nothing() -> None:
     seen = pool.drain()
     assert all(not s.store and not s.fetch for s in of(Submit, seen))
     assert pool.state.summarize(1.0, 2, 0, 0).traffic.kept == 0
+
+
+def test_values_that_came_back_go_on_to_their_consumers_as_the_bytes_they_came_in() -> None:
+    """A value a bundle sent back is kept as its pickle: a bundle that consumes it gets
+    those very bytes (the manager does not unpickle and pickle it again), and the run's
+    output is the value itself, the same object each time it is asked for."""
+    dsk, final = tree(4, 2)
+    pool = Pool(dsk, [final], CFG.replace(keep_on_workers=False))
+    sent_back: dict[Any, bytes] = {}
+    seen: list[Instruction] = []
+    for _ in range(200):
+        if pool.state.finished:
+            break
+        seen += pool.tick()
+        for call in list(pool.out):
+            result = pool.result(call, "w1")
+            sent_back.update(result.values)
+            pool.out.pop(call)
+            seen += pool.step(CallDone(call, result, "w1", pool.now))
+    merges = [s for s in of(Submit, seen) if s.spec.inputs]
+    assert merges, "no bundle took a value inline"
+    for submit in merges:
+        for key, value in submit.spec.inputs.items():
+            assert isinstance(value, Pickled) and value.blob is sent_back[key], key
+    (value,) = pool.state.results().values()
+    assert value[0] == sum(range(4)) and pool.state.results()[final] is value
 
 
 def test_an_overrun_is_retried_under_a_larger_cap_then_gives_up_at_the_ceiling() -> None:

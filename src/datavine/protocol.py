@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import pickle
 import types
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -64,6 +65,38 @@ class Status(enum.StrEnum):
 
 Key = Hashable  # a dask key: passes the checks as it is (an edge, like the values)
 Timing = dict[str, tuple[int, float]]  # task category -> (tasks run, seconds)
+
+
+class Pickled:
+    """A value as the pickle a bundle sent it back in (a :class:`BundleResult`'s
+    ``values``): the manager keeps it so until the value itself is wanted (:func:`loaded`:
+    a run's outputs, a result hook's values). A spec that sends it on to another bundle
+    (:attr:`BundleSpec.inputs`) carries these bytes as they are, unpickled where that bundle
+    runs: the manager neither unpickles nor pickles it again (a chunk's histograms in the
+    scale test: ~0.2 ms of the manager's CPU each way, per bundle). Loaded once: the
+    run's outputs and a result hook get the same object, as when every value was unpickled
+    on arrival; a bundle it goes to gets the bytes as they came (not what a hook made of
+    the object since)."""
+
+    __slots__ = ("_value", "blob")
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+    def __reduce__(self) -> tuple[Callable[[bytes], object], tuple[bytes]]:
+        return pickle.loads, (self.blob,)
+
+    def load(self) -> object:
+        try:
+            return self._value
+        except AttributeError:
+            self._value: object = pickle.loads(self.blob)
+            return self._value
+
+
+def loaded(value: object) -> object:
+    """``value`` itself: a :class:`Pickled` one unpickled, any other as it is."""
+    return value.load() if isinstance(value, Pickled) else value
 
 
 class ReadRecordDict(TypedDict):

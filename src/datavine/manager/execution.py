@@ -24,6 +24,7 @@ from datavine.config import RunConfig
 from datavine.dashboard.events import NO_SINK, NullSink
 from datavine.manager.port import ResultHook, RunPort
 from datavine.manager.progress import RunProgress
+from datavine.protocol import loaded
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.network import LibraryState
 from datavine.scheduler.run_messages import (
@@ -207,7 +208,7 @@ class GraphRun:
             elif isinstance(ins, Deliver):
                 self.progress.advance(len(ins.keys) - len(ins.again))  # each task once
                 if self.on_results is not None:  # e.g. the coffea executor's
-                    self.on_results(ins.keys, ins.values)
+                    self.on_results(ins.keys, {k: loaded(v) for k, v in ins.values.items()})
             elif isinstance(ins, Network):
                 self.rt.network_fallback(ins.block, ins.unblock, ins.peers_off)
             elif isinstance(ins, Fail):

@@ -136,9 +136,10 @@ class DropTemp:
 
 @dataclass(frozen=True)
 class Deliver:
-    """Tasks finished: ``values`` are those that came back to the manager; ``again``: those
-    of ``keys`` delivered before in this run (made again after their kept value was lost
-    with a worker): a count of tasks done must not count them twice."""
+    """Tasks finished: ``values`` are those that came back to the manager (each still a
+    :class:`datavine.protocol.Pickled`: :func:`~datavine.protocol.loaded` gives it);
+    ``again``: those of ``keys`` delivered before in this run (made again after their kept
+    value was lost with a worker): a count of tasks done must not count them twice."""
 
     keys: list[Key]
     values: dict[Key, Any]

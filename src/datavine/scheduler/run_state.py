@@ -38,8 +38,6 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-import cloudpickle
-
 from datavine.config import RunConfig
 from datavine.errors import (
     NoWorkersError,
@@ -47,7 +45,7 @@ from datavine.errors import (
     TaskLoadError,
 )
 from datavine.io.shards import logical_name
-from datavine.protocol import BundleResult, BundleSpec, ProtocolError, Status
+from datavine.protocol import BundleResult, BundleSpec, Pickled, ProtocolError, Status, loaded
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.dispatch import Dispatcher
@@ -165,7 +163,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                 and len(self.inflight) + len(self.backups) > len(self.lanes.on))
 
     def results(self) -> dict[Key, Any]:
-        return {k: self.values[k] for k in self.graph.outputs}
+        return {k: loaded(self.values[k]) for k in self.graph.outputs}
 
     @staticmethod
     def _order(graph: graphs.TaskGraph) -> dict[Key, int]:
@@ -518,7 +516,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         bundle, graph = entry.bundle, self.graph
         self._unmeasured_reads(bundle, result)
         for key, blob in result.values.items():
-            self.values[key] = cloudpickle.loads(blob)
+            self.values[key] = Pickled(blob)  # unpickled only where it is wanted
         sizes = {**{k: len(b) for k, b in result.values.items()}, **result.stored}
         for key, nbytes in sizes.items():
             self.kept.observe(graph.output_kind(key), nbytes)
