@@ -50,6 +50,9 @@
   leader of a group (a loaded host could exec it before the worker made its group, and a
   library killed while it started then held its worker in ``waitpid`` for good): the
   worker goes on to its next task.
+- ``0031``: a task's standard output of up to 32 KB comes with its completion message, by
+  its length: the manager does not ask for it (no ``send_stdout`` in its debug log), and it
+  arrives whole; a longer one is asked for, as before.
 - Arguments and results of datavine's calls travel as TaskVine buffers
   (:func:`datavine.manager.taskvine_internals.in_memory_calls`): no staging file is made for them.
 """
@@ -558,3 +561,26 @@ def test_a_library_killed_out_of_its_group_does_not_hold_its_worker(tmp_path: Pa
             "the worker did not run the next task: it still waits for the killed library")
         assert until(lambda: not os.path.exists(f"/proc/{pid}") or
                      "zombie" in Path(f"/proc/{pid}/status").read_text(), 10)
+
+
+def test_an_output_of_up_to_32_kb_comes_with_its_completion(tmp_path: Path) -> None:
+    sizes = [500, 5_000, 30_000, 40_000]
+    with manager_with_workers(tmp_path, 1, debug_log=True) as rt:
+        vine = rt.taskvine.vine
+        size_of: dict[int, int] = {}
+        for n in sizes:
+            task = vine.Task(f"head -c {n} /dev/zero | tr '\\0' x")
+            task.set_cores(1)
+            size_of[rt.manager.submit(task)] = n
+        outputs: dict[int, str] = {}
+        deadline = time.monotonic() + 60
+        while len(outputs) < len(size_of) and time.monotonic() < deadline:
+            task = rt.manager.wait(1)
+            if task is not None:
+                assert task.successful(), (task.id, task.result, task.output)
+                outputs[task.id] = task.output
+        log = (rt.taskvine.info_dir / "vine-logs" / "debug").read_text(errors="replace")
+    assert {size_of[t]: len(o) for t, o in outputs.items()} == {n: n for n in sizes}
+    assert all(set(o) == {"x"} for o in outputs.values())
+    asked = {int(t) for t in re.findall(r"tx to \S+ \([^)]+\): send_stdout (\d+)", log)}
+    assert asked == {t for t, n in size_of.items() if n > 32 * 1024}, asked
