@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import resource
 import select
 import struct
 import threading
@@ -427,11 +426,4 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 def _after_call() -> tuple[int, int]:
     """(flags, peak kB) after a call: LEFT_BEHIND when it left descendants running."""
     left = memcap.reap_descendants()
-    return (memcap.LEFT_BEHIND if left else 0), _hwm_kb()
-
-
-def _hwm_kb() -> int:
-    """This process's peak RSS (kB) since the mark was reset: ``ru_maxrss`` follows VmHWM
-    in a forked child (no exec before it), ~1 us against ~20-60 us for reading VmHWM from
-    ``/proc/self/status``, on the path between two calls."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return (memcap.LEFT_BEHIND if left else 0), memcap.peak_rss_kb()

@@ -34,8 +34,8 @@ from datavine.io import column_cache
 from datavine.io.reading import is_input_error, reading, shard_health
 from datavine.protocol import BundleResult, BundleSpec, Key, ProtocolError, ReadRecordDict, Status
 from datavine.scheduler import labels
+from datavine.worker import memcap, prefetch, value_file
 from datavine.worker import payload as payload_codec
-from datavine.worker import prefetch, value_file
 from datavine.worker.alarm import alarm
 
 if TYPE_CHECKING:
@@ -155,9 +155,8 @@ def run_bundle(payload: bytes, cap_mb: float | None = None,
             shard_health().mark_failed(result.server, time.monotonic())
     else:
         result = execute_payload(payload)
-        peak_mb = _peak_rss_mb()
-    record = reply(_stamp(result, started, peak_mb, cap_mb if cap_mb else None).encode(),
-                   reply_file)
+        peak_mb = memcap.peak_rss_kb() / 1024.0
+    record = reply(_stamp(result, started, peak_mb, cap_mb or None).encode(), reply_file)
     return record if reply_file is None else dict(REPLIED)
 
 
@@ -424,8 +423,3 @@ def _error_result(key: Key, exc: BaseException) -> BundleResult:
     return BundleResult(Status.ERROR, key=key, exception=pickled, message=repr(exc),
                         traceback=tb, os_error=is_input_error(exc))
 
-
-def _peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
