@@ -14,6 +14,7 @@ from datavine.scheduler import graph
 from datavine.scheduler.bundling import (
     HELD_TOGETHER,
     HOLDER_SCAN,
+    SHARE_SPLIT,
     CostModel,
     Planner,
     bundle_size,
@@ -188,7 +189,7 @@ def test_held_tasks_go_together_only_as_far_as_the_ready_ones_fill_every_core() 
     sizes = []
     while formed := planner.next_bundles(1, cores=4):
         sizes += [len(c) for c in chunks_of(formed) if c]
-    assert sizes[0] == 3  # ceil(12 ready / 4 cores), not the 12 the target would take
+    assert sizes[0] == 2  # ceil(12 ready / (2 x 4 cores)), not the 12 the target would take
     assert sizes == sorted(sizes, reverse=True) and sizes[-3:] == [1, 1, 1]
     assert sum(sizes) == 12
 
@@ -197,7 +198,8 @@ def test_held_tasks_go_together_only_as_far_as_the_ready_ones_fill_every_core() 
 def test_group_size(size: int, n_ready: int, cores: int) -> None:
     got = group_size(size, n_ready, cores)
     assert 1 <= got <= max(1, min(size, HELD_TOGETHER))
-    assert got == 1 or got <= -(-n_ready // max(1, cores))  # the ready tasks' share a core
+    # a part of the ready tasks' share of a core (factoring)
+    assert got == 1 or got <= -(-n_ready // (SHARE_SPLIT * max(1, cores)))
 
 
 def test_the_ready_count_leaves_out_tasks_taken_out_of_order() -> None:
@@ -369,3 +371,42 @@ def test_the_run_carries_a_merge_whose_inputs_came_back_and_not_one_whose_stayed
         assert sent[:2] in ([[("read", 1)], [("read", 0)]], [[("read", 0)], [("read", 1)]])
         merged = next(keys for keys in sent if "merge" in keys)
         assert (len(merged) == 2) is carried, sent  # with a read beside it, or alone
+
+
+def passes_planner(passes: int, files: int = 4, cores: int = 1,
+                   cost_s: float | None = 0.01) -> Planner:
+    """``passes`` chunk tasks per file reading the same piece (the scale test's passes),
+    merged by one sum; the pieces are held by no worker yet."""
+    dsk: dict = {("chunk", p, f): (str, f"/data/f{f}.root") for p in range(passes)
+                 for f in range(files)}
+    dsk["total"] = (sum, list(dsk))
+    g = graph.build(dsk, ["total"])
+    reads = {k: ((f"/data/f{k[2]}.root",) if isinstance(k, tuple) else ()) for k in g.nodes}
+    pieces = {k: ((f"/data/f{k[2]}.root@0-10",) if isinstance(k, tuple) else ())
+              for k in g.nodes}
+    costs = CostModel()
+    if cost_s is not None:
+        costs.observe(g.category(("chunk", 0, 0)), 1, cost_s)
+    # pass-major order, as the scale test's priority: every file's first pass first
+    priority = {k: (k[1] * files + k[2] if isinstance(k, tuple) else 10**6) for k in g.nodes}
+    planner = Planner(g, files=reads.__getitem__, costs=costs, target_s=1.0, max_tasks=64,
+                      priority=priority, holder=lambda k: None, cached_on=lambda k: None,
+                      pieces=pieces.__getitem__)
+    planner._cores = cores
+    return planner
+
+
+def test_tasks_reading_the_same_pieces_go_in_one_call_behind_the_first() -> None:
+    """A file's later passes go in the call of its first read: they read from the memory it
+    fills, and a call of their own would cost a hand-over and wait for that worker."""
+    planner = passes_planner(passes=4, files=4)
+    bundles = planner.next_bundles(2, cores=1)
+    files_of = [{k[2] for k in b.keys if isinstance(k, tuple)} for b in bundles]
+    assert files_of == [{0}, {1}]  # one file each: the same pieces, not the order's next
+    assert [sorted(k[1] for k in b.keys if isinstance(k, tuple)) for b in bundles] == [
+        [0, 1, 2, 3], [0, 1, 2, 3]]  # every pass of the file, once
+
+
+def test_tasks_reading_the_same_pieces_go_together_only_with_a_measured_cost() -> None:
+    planner = passes_planner(passes=4, files=2, cost_s=None)
+    assert [len(b.keys) for b in planner.next_bundles(2, cores=1)] == [1, 1]

@@ -62,6 +62,9 @@ class CostModel:
 
 HOLDER_SCAN = 256  # ready tasks looked at for ones held by the same worker (the heap's first)
 HELD_TOGETHER = 16  # the most file tasks held by one worker that go in one bundle
+# a call groups at most this fraction of a core's share of the ready file tasks: the calls
+# shrink as the run nears its end (factoring), so the cores finish together
+SHARE_SPLIT = 2
 CARRIED_SHARE = 0.1  # merges this cheap (of the bundle target) go in a file task's call
 
 
@@ -86,7 +89,7 @@ def group_size(size: int, n_ready: int, cores: int) -> int:
     their measured cost), at most :data:`HELD_TOGETHER`, and at most the ready tasks' share
     of each of the ``cores`` running at once, so that the ready work still spreads over
     every core (pure)."""
-    return max(1, min(size, HELD_TOGETHER, math.ceil(n_ready / max(1, cores))))
+    return max(1, min(size, HELD_TOGETHER, math.ceil(n_ready / (SHARE_SPLIT * max(1, cores)))))
 
 
 class Planner:
@@ -133,6 +136,7 @@ class Planner:
         # order (held ones, grouped ones) until they come to its top, so its length is not
         # their number
         self._live: set[Key] = set()
+        self._live_reads: set[Key] = set()  # those of them that read files
         self._scheduled: set[Key] = set()
         self._cores = 1  # bundles running at once (next_bundles)
         self.done: set[Key] = set()
@@ -145,7 +149,10 @@ class Planner:
         readers of its pieces (and the held ones when a cache holds them)."""
         heapq.heappush(self._ready, (self._priority[key], key))
         self._live.add(key)
-        if self._cached_on is None or self._pieces is None or not self._files(key):
+        if not self._files(key):
+            return
+        self._live_reads.add(key)
+        if self._cached_on is None or self._pieces is None:
             return
         pieces = self._pieces(key)
         for piece in pieces:
@@ -252,6 +259,7 @@ class Planner:
                     break
         self._scheduled.update(members)
         self._live.difference_update(members)
+        self._live_reads.difference_update(members)
         members = self._closure(members)
         graph = self.graph
         if len(members) == 1:  # most bundles (a file's task): the same sets, made directly
@@ -275,9 +283,10 @@ class Planner:
         :data:`HELD_TOGETHER`, and no more than the ready tasks' share of a core
         (:func:`group_size`): at a run's end the last calls are single chunks, so no core
         idles behind another's long call."""
-        size = group_size(size, len(self._live), self._cores)
+        size = group_size(size, len(self._live_reads), self._cores)
         if len(members) == 1 and size > 1 and self.costs.estimate(category) is not None:
-            for other in self._held_with(key, category, size - 1):
+            for other in (self._held_with(key, category, size - 1)
+                          or self._same_pieces(key, category, size - 1)):
                 members.append(other)
                 files.extend(self._files(other))
 
@@ -322,6 +331,26 @@ class Planner:
                 continue
             if holder(key) == home:
                 found[key] = priority
+        return heapq.nsmallest(n, found, key=found.__getitem__)
+
+    def _same_pieces(self, seed: Key, category: str, n: int) -> list[Key]:
+        """Up to ``n`` more ready file tasks of ``category`` that read no piece ``seed``
+        does not, highest priority first (none without pieces): after ``seed`` in its call
+        they read from the memory its reads fill. Sent as calls of their own they would
+        wait for its worker (held) or read the same bytes again elsewhere, and each call
+        costs a hand-over (the default scale test, a file's 8 passes: 40 calls fewer of
+        ~115)."""
+        pieces_of = self._pieces
+        if pieces_of is None or self._cached_on is None or not (pieces := pieces_of(seed)):
+            return []
+        mine = frozenset(pieces)
+        found: dict[Key, int] = {}
+        live, category_of = self._live, self.graph.category
+        for piece in pieces:
+            for key in self._readers.get(piece, ()):
+                if (key != seed and key not in found and key in live
+                        and category_of(key) == category and mine.issuperset(pieces_of(key))):
+                    found[key] = self._priority[key]
         return heapq.nsmallest(n, found, key=found.__getitem__)
 
     def _drop_stale(self) -> bool:
@@ -394,6 +423,7 @@ class Planner:
                 if dep not in undone and dep not in self.done:
                     self._missing[dep] += 1
                     self._live.discard(dep)
+                    self._live_reads.discard(dep)
             if self._missing[key] == 0:
                 self._push(key)
         return undone

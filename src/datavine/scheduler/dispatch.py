@@ -17,12 +17,14 @@ dispatch through this class.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Hashable
 
 from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.held import Held, HeldBundles
+from datavine.scheduler.hit_saving import HitSaving
 from datavine.scheduler.pieces import PiecesOf
 from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
 from datavine.scheduler.topology import ANYWHERE, Target, Topology
@@ -42,8 +44,12 @@ class Dispatcher:
 
     def __init__(self, planner: Planner, topology: Topology, policy: PlacementPolicy | None,
                  shardmap: ShardMap | None, health: ShardHealth, bundles_per_slot: int,
-                 pieces_of: PiecesOf | None = None) -> None:
+                 pieces_of: PiecesOf | None = None, hit_saving: HitSaving | None = None
+                 ) -> None:
+        """``hit_saving``: what a read from memory saves per category, the longest a held
+        bundle waits for the worker that holds its pieces (None: ``policy``'s wait)."""
         self.planner = planner
+        self.hit_saving = hit_saving
         self.topology = topology
         self.policy = policy
         self.shardmap = shardmap
@@ -153,8 +159,25 @@ class Dispatcher:
             return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None, None
         task, home = self._inputs(bundle, now, held)
         waited = now - self._wait_start(since, home)
-        placement = decide(task, self.topology.candidates(task), waited, self.policy)
+        placement = decide(task, self.topology.candidates(task), waited,
+                           self._policy_for(bundle, self.policy))
         return placement, home, task
+
+    def _policy_for(self, bundle: Bundle, policy: PlacementPolicy) -> PlacementPolicy:
+        """``policy``, its wait for a worker holding the pieces bounded by what a hit saves
+        for the bundle's reading tasks: held longer, the bundle would have been read cold
+        elsewhere sooner (a run's end, one worker holding the last pieces, the others idle)."""
+        if self.hit_saving is None or not self.hit_saving.savings:
+            return policy
+        saving = self.hit_saving.saving_s(self.planner.graph.category(self._reader(bundle)))
+        if saving is None or saving >= policy.cache_wait_s:
+            return policy
+        return dataclasses.replace(policy, cache_wait_s=saving)
+
+    def _reader(self, bundle: Bundle) -> Key:
+        """The bundle's first task that reads pieces (its first when none does)."""
+        pieces_of = self.pieces_of
+        return next((k for k in bundle.keys if pieces_of(k)), bundle.keys[0])
 
     def _wait_start(self, since: float, home: str | None) -> float:
         """A bundle waits from the later of its arrival and its rack's last near bundle."""

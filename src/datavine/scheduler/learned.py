@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datavine.config import RunConfig
 from datavine.io.shards import ShardHealth
 from datavine.scheduler.bundling import CostModel
+from datavine.scheduler.hit_saving import HitSaving
 from datavine.scheduler.memory import MemoryState
 from datavine.scheduler.network import NetworkWatch
 from datavine.scheduler.shard_pace import ShardPace
@@ -30,7 +31,9 @@ class Learned:
     dropped for the network (:mod:`datavine.scheduler.network`), and the largest output
     seen per kind of task (category and function, ``TaskGraph.output_kind``: a kind whose
     outputs came back small makes no temp file in the next run's first bundles either,
-    :mod:`datavine.scheduler.intermediates`)."""
+    :mod:`datavine.scheduler.intermediates`), and what a read from a worker's memory saves
+    over a read from the file (:mod:`datavine.scheduler.hit_saving`: how long a held task
+    waits for that worker)."""
 
     costs: CostModel
     memory: MemoryState | None
@@ -40,6 +43,7 @@ class Learned:
     shard_pace: ShardPace = field(default_factory=ShardPace)
     worker_pace: WorkerPace = field(default_factory=WorkerPace)
     largest_output: dict[str, int] = field(default_factory=dict)
+    hit_saving: HitSaving = field(default_factory=HitSaving)
 
     @classmethod
     def fresh(cls, run: RunConfig, here: str = "localhost") -> Learned:

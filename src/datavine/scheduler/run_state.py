@@ -49,6 +49,7 @@ from datavine.protocol import BundleResult, BundleSpec, Pickled, ProtocolError, 
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.dispatch import Dispatcher
+from datavine.scheduler.hit_saving import bytes_split
 from datavine.scheduler.inflight import Again, Inflight
 from datavine.scheduler.inputs import task_files
 from datavine.scheduler.intermediates import Intermediates, Plan
@@ -120,7 +121,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             learned.topology.racks = cfg.racks  # for workers seen from now on
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
                                    learned.shard_health, cfg.bundles_per_slot,
-                                   pieces_of=self.pieces_of)
+                                   pieces_of=self.pieces_of, hit_saving=learned.hit_saving)
         self._temps = itertools.count(1)
         self._calls = itertools.count(1)
         self._out: list[Instruction] = []
@@ -543,6 +544,10 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         summary = self.summary
         fresh = self.delivered.first(bundle.keys)  # a task made again counts once
         fresh_in = Counter(graph.category(k) for k in fresh)
+        reader = graph.category(self._reader(bundle))
+        if bundle.files and reader in result.timing:
+            self.learned.hit_saving.observe(reader, *result.timing[reader],
+                                            *bytes_split(result.reads))
         for category, (count, seconds) in result.timing.items():
             self.learned.costs.observe(category, count, seconds)
             stats = summary.categories[category]
