@@ -125,9 +125,10 @@ def test_a_bundle_goes_to_the_worker_on_its_shards_host() -> None:
         assert placement.tier.name == "HOST"
 
 
-def test_a_bundle_waiting_for_a_reader_that_left_runs_at_once_in_its_rack() -> None:
-    """Held for the busy worker that read its file; that worker leaves: the bundle runs on
-    the rack's free worker at the next fill, not when its wait for the reader runs out."""
+def read_by_a0(busy: tuple[str, ...], hit_saving: HitSaving | None = None
+               ) -> tuple[Dispatcher, Topology]:
+    """One task reading /store/f0.root; workers a0 and a1 in rack A, ``busy`` of them
+    full, a0 having read the file (its memory holds the columns)."""
     dsk: dict[Any, Any] = {("read", 0): (reader, "/store/f0.root")}
     graph = graphs.build(dsk, list(dsk))
     planner = Planner(graph, files=lambda key: ("/store/f0.root",), costs=CostModel(),
@@ -135,10 +136,18 @@ def test_a_bundle_waiting_for_a_reader_that_left_runs_at_once_in_its_rack() -> N
     topology = Topology(bundles_per_core=1)
     for name in ("a0", "a1"):
         topology.announce(name, "A", 1)
-        topology.sent(Target(worker=name))  # both busy
-    topology.learn("a0", "A", None, ["/store/f0.root"])  # a0 read the file
-    dispatch = Dispatcher(planner, topology, PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0),
-                          ShardMap.from_urls(["root://a:1"], racks=["A"]), ShardHealth(), 1)
+    for name in busy:
+        topology.sent(Target(worker=name))
+    topology.learn("a0", "A", None, ["/store/f0.root"])
+    return Dispatcher(planner, topology, PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0),
+                      ShardMap.from_urls(["root://a:1"], racks=["A"]), ShardHealth(), 1,
+                      hit_saving=hit_saving), topology
+
+
+def test_a_bundle_waiting_for_a_reader_that_left_runs_at_once_in_its_rack() -> None:
+    """Held for the busy worker that read its file; that worker leaves: the bundle runs on
+    the rack's free worker at the next fill, not when its wait for the reader runs out."""
+    dispatch, topology = read_by_a0(busy=("a0", "a1"))
     assert dispatch.fill(0.0, slots=4, inflight=2) == []  # held
     topology.returned(Target(worker="a1"))
     assert dispatch.fill(0.1, slots=4, inflight=1) == []  # a1 is free, but a0 read it: wait
@@ -151,25 +160,14 @@ def test_a_bundle_waits_for_the_reader_no_longer_than_a_hit_saves() -> None:
     """Held for the busy worker whose memory holds its columns while another sits free: it
     goes to the free one once it has waited what a hit saves over a cold read (measured),
     not the policy's whole second."""
-    dsk: dict[Any, Any] = {("read", 0): (reader, "/store/f0.root")}
-    graph = graphs.build(dsk, list(dsk))
-    planner = Planner(graph, files=lambda key: ("/store/f0.root",), costs=CostModel(),
-                      target_s=1.0, max_tasks=1)
-    topology = Topology(bundles_per_core=1)
-    for name in ("a0", "a1"):
-        topology.announce(name, "A", 1)
-    topology.sent(Target(worker="a0"))  # a0 busy, a1 free
-    topology.learn("a0", "A", None, ["/store/f0.root"])  # a0 holds the file's columns
     saving = HitSaving()
-    category = graph.category(("read", 0))
+    dispatch, _ = read_by_a0(busy=("a0",), hit_saving=saving)  # a1 free
+    category = dispatch.planner.graph.category(("read", 0))
     # bundles of one cold read (50 ms), and of a cold read with 3 hits (10 ms each)
     for tasks, seconds in ((1, 0.05), (4, 0.08), (1, 0.05), (4, 0.08)):
         saving.observe(category, tasks, seconds, decoded=1_000_000,
                        cached=(tasks - 1) * 1_000_000)
     assert saving.saving_s(category) == pytest.approx(0.04)
-    dispatch = Dispatcher(planner, topology, PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0),
-                          ShardMap.from_urls(["root://a:1"], racks=["A"]), ShardHealth(), 1,
-                          hit_saving=saving)
     assert dispatch.fill(0.0, slots=2, inflight=1) == []  # held for a0
     assert dispatch.fill(0.03, slots=2, inflight=1) == []  # still worth waiting for
     ((_, target, placement),) = dispatch.fill(0.05, slots=2, inflight=1)
