@@ -11,7 +11,11 @@ retried alone; cheap merges ready before it go in its call (:meth:`Planner._carr
 they do not take the slot in a worker's queue that lets it read the file ahead. A ready file
 task whose pieces a worker's column cache holds goes before the first in order when that one
 reads pieces no cache holds (:meth:`Planner._seed`): a cache keeps what the order of reads
-leaves it, and a held piece read later may be gone by then.
+leaves it, and a held piece read later may be gone by then. A file task's call takes the
+ready tasks its worker's cache holds, or, when no cache holds its pieces yet, those that read
+only its pieces (:meth:`Planner._same_pieces`: they read from the memory its read fills),
+up to half a core's share of the ready file tasks, so the calls shrink towards a run's end
+and the cores finish together (:func:`group_size`, factoring).
 
 No I/O here: the runtime feeds results in and asks for bundles out.
 """
