@@ -217,6 +217,14 @@ class Planner:
             bundles.append(self._form(n_bundles - len(bundles)))
         return bundles
 
+    def reader(self, bundle: Bundle) -> Key:
+        """The bundle's first task that reads a file (its first task when none does): whose
+        category an uncapped bundle's time, and what a hit saves, are counted under, merges
+        carried beside it (:meth:`_carried`) or not."""
+        if bundle.files and len(bundle.keys) > 1:
+            return next((k for k in bundle.keys if self._files(k)), bundle.keys[0])
+        return bundle.keys[0]
+
     def _seed(self) -> Key:
         """The task the next bundle starts with: the first ready task in order, unless it
         reads pieces that no worker's column cache holds while some ready file task's pieces

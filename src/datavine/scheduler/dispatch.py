@@ -169,15 +169,11 @@ class Dispatcher:
         elsewhere sooner (a run's end, one worker holding the last pieces, the others idle)."""
         if self.hit_saving is None or not self.hit_saving.savings:
             return policy
-        saving = self.hit_saving.saving_s(self.planner.graph.category(self._reader(bundle)))
+        planner = self.planner
+        saving = self.hit_saving.saving_s(planner.graph.category(planner.reader(bundle)))
         if saving is None or saving >= policy.cache_wait_s:
             return policy
         return dataclasses.replace(policy, cache_wait_s=saving)
-
-    def _reader(self, bundle: Bundle) -> Key:
-        """The bundle's first task that reads pieces (its first when none does)."""
-        pieces_of = self.pieces_of
-        return next((k for k in bundle.keys if pieces_of(k)), bundle.keys[0])
 
     def _wait_start(self, since: float, home: str | None) -> float:
         """A bundle waits from the later of its arrival and its rack's last near bundle."""

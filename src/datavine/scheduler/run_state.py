@@ -339,20 +339,11 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         sent inline): a merge of them needs little memory beside a file task's."""
         return all(dep in self.values for dep in self.graph.dependencies[key])
 
-    def _reader(self, bundle: Bundle) -> Key:
-        """The bundle's first task that reads a file (its first task when none does): whose
-        category an uncapped bundle's time is counted under, merges carried beside it
-        (:meth:`datavine.scheduler.bundling.Planner._carried`) or not."""
-        files_of = self.files_of
-        if bundle.files and len(bundle.keys) > 1 and files_of is not None:
-            return next((k for k in bundle.keys if files_of(k)), bundle.keys[0])
-        return bundle.keys[0]
-
     def _submit(self, bundle: Bundle, target: Target, placement: Placement) -> None:
         graph, cfg, memory = self.graph, self.cfg, self.learned.memory
         categories = {k: graph.category(k) for k in bundle.keys}
         category = (memory.dominant_category(categories.values()) if memory is not None
-                    else categories[self._reader(bundle)])
+                    else categories[self.planner.reader(bundle)])
         cap_mb = None
         if memory is not None:
             retried = [self.cap_override[k] for k in bundle.keys if k in self.cap_override]
@@ -544,8 +535,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         summary = self.summary
         fresh = self.delivered.first(bundle.keys)  # a task made again counts once
         fresh_in = Counter(graph.category(k) for k in fresh)
-        reader = graph.category(self._reader(bundle))
-        if bundle.files and reader in result.timing:
+        if bundle.files and (reader := graph.category(self.planner.reader(bundle))) in (
+                result.timing):
             self.learned.hit_saving.observe(reader, *result.timing[reader],
                                             *bytes_split(result.reads))
         for category, (count, seconds) in result.timing.items():
