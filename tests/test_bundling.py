@@ -15,11 +15,13 @@ from datavine.scheduler.bundling import (
     HELD_TOGETHER,
     HOLDER_SCAN,
     SHARE_SPLIT,
+    Bundle,
     CostModel,
     Planner,
     bundle_size,
     group_size,
 )
+from datavine.scheduler.hit_saving import TaskCosts
 from datavine.scheduler.run_messages import Submit
 from tests.test_run_state import CFG, Pool, of
 
@@ -410,3 +412,68 @@ def test_tasks_reading_the_same_pieces_go_in_one_call_behind_the_first() -> None
 def test_tasks_reading_the_same_pieces_go_together_only_with_a_measured_cost() -> None:
     planner = passes_planner(passes=4, files=2, cost_s=None)
     assert [len(b.keys) for b in planner.next_bundles(2, cores=1)] == [1, 1]
+
+
+def chunks_planner(passes: int, chunks: int, costs: TaskCosts | None, target_s: float = 1.0,
+                   files: int = 2) -> Planner:
+    """``files`` files of ``chunks`` chunks, each chunk read by ``passes`` tasks (the scale
+    test's passes); ``costs``: a task's time from memory and from its file, as learned (None:
+    not yet)."""
+    dsk: dict = {("chunk", p, f, c): (str, f"/data/f{f}.root#{c}") for p in range(passes)
+                 for f in range(files) for c in range(chunks)}
+    dsk["total"] = (sum, list(dsk))
+    g = graph.build(dsk, ["total"])
+    reads = {k: ((f"/data/f{k[2]}.root",) if isinstance(k, tuple) else ()) for k in g.nodes}
+    pieces = {k: ((f"/data/f{k[2]}.root@{k[3]}",) if isinstance(k, tuple) else ())
+              for k in g.nodes}
+    model = CostModel()
+    model.observe(g.category(("chunk", 0, 0, 0)), 1, 0.05)
+    priority = {k: ((k[1] * files + k[2]) * chunks + k[3] if isinstance(k, tuple) else 10**6)
+                for k in g.nodes}
+    planner = Planner(g, files=reads.__getitem__, costs=model, target_s=target_s, max_tasks=64,
+                      priority=priority, holder=lambda k: None, cached_on=lambda k: None,
+                      pieces=pieces.__getitem__, task_costs=lambda category: costs)
+    planner._cores = 1
+    return planner
+
+
+def chunk_groups(bundle: Bundle) -> list[tuple[int, int, int]]:
+    """(file, chunk, pass) of each task the bundle reads with, in order."""
+    return sorted((k[2], k[3], k[1]) for k in bundle.keys if isinstance(k, tuple))
+
+
+def test_a_files_chunks_go_in_one_call_once_their_costs_are_known() -> None:
+    """Known costs: a cold read 100 ms, a hit 10 ms. A chunk's 4 passes cost 130 ms; the
+    target (300 ms) takes two chunks' passes, whole, in the first call, the file's third
+    chunk's in the next; each task once."""
+    planner = chunks_planner(passes=4, chunks=3, costs=TaskCosts(0.01, 0.1), target_s=0.3)
+    first, second = planner.next_bundles(2)
+    assert chunk_groups(first) == [(0, c, p) for c in (0, 1) for p in range(4)]
+    assert chunk_groups(second) == [(0, 2, p) for p in range(4)]
+
+
+def test_a_files_chunks_go_apart_while_their_costs_are_unknown() -> None:
+    planner = chunks_planner(passes=4, chunks=3, costs=None, target_s=0.3)
+    assert [{(f, c) for f, c, _ in chunk_groups(b)} for b in planner.next_bundles(3)] == [
+        {(0, 0)}, {(0, 1)}, {(0, 2)}]
+
+
+@settings(max_examples=40, deadline=None)
+@given(passes=st.integers(1, 8), chunks=st.integers(1, 4), files=st.integers(1, 3),
+       cores=st.integers(1, 4), hit_ms=st.integers(1, 50), cold_ms=st.integers(1, 200),
+       target_ms=st.integers(10, 500))
+def test_calls_of_a_files_chunks_take_each_task_once(passes: int, chunks: int, files: int,
+                                                      cores: int, hit_ms: int, cold_ms: int,
+                                                      target_ms: int) -> None:
+    """However the costs and the caps cut a file's chunks and passes into calls, every
+    task goes out exactly once."""
+    planner = chunks_planner(passes, chunks, TaskCosts(hit_ms / 1e3, cold_ms / 1e3),
+                             target_s=target_ms / 1e3, files=files)
+    sent: list = []
+    while not planner.finished:
+        bundles = planner.next_bundles(cores, cores)
+        assert bundles
+        for b in bundles:
+            sent.extend(b.keys)
+            planner.complete(b)
+    assert sorted(map(str, sent)) == sorted(map(str, planner.graph.nodes))

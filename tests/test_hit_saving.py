@@ -19,7 +19,10 @@ def test_a_cold_read_and_a_hit_are_told_apart_by_bundles_that_mix_them() -> None
         learned.observe("chunk", 1, 0.060, decoded=17 * MB, cached=0)
         learned.observe("chunk", 8, 0.060 + 7 * 0.012, decoded=17 * MB, cached=7 * 17 * MB)
     assert learned.saving_s("chunk") == pytest.approx(0.048, rel=1e-6)
-    assert learned.saving_s("other") is None
+    costs = learned.costs("chunk")
+    assert costs is not None
+    assert (costs.hit_s, costs.cold_s) == pytest.approx((0.012, 0.060), rel=1e-6)
+    assert learned.saving_s("other") is None and learned.costs("other") is None
 
 
 def test_one_kind_of_bundle_alone_tells_nothing() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from datavine.protocol import ReadRecordDict
 
@@ -60,14 +61,28 @@ class _Fit:
         self.task_bytes = (task_bytes if not self.task_bytes
                            else self.task_bytes + (1 - f) * (task_bytes - self.task_bytes))
 
-    def saving(self) -> float | None:
-        """``per_byte x bytes a task reads``, or None while the bundles seen do not tell
-        the base and the decoding apart (all hits, all cold alone, or one mix throughout)."""
+    def costs(self) -> TaskCosts | None:
+        """A task's time read from memory (``base``) and from its file (``base + per_byte
+        x bytes a task reads``), or None while the bundles seen do not tell the two apart
+        (all hits, all cold alone, or one mix throughout)."""
         det = self.nn * self.dd - self.nd * self.nd
         if det <= 0.0 or det <= CONDITION * self.nn * self.dd:
             return None
-        per_byte = (self.nn * self.dt - self.nd * self.nt) / det
-        return max(per_byte, 0.0) * self.task_bytes
+        per_byte = max((self.nn * self.dt - self.nd * self.nt) / det, 0.0)
+        base = max((self.dd * self.nt - self.nd * self.dt) / det, 0.0)
+        return TaskCosts(base, base + per_byte * self.task_bytes)
+
+
+class TaskCosts(NamedTuple):
+    """What one task of a category takes: its columns from memory, and from its file."""
+
+    hit_s: float
+    cold_s: float
+
+    @property
+    def saving_s(self) -> float:
+        """What a hit saves over a cold read."""
+        return self.cold_s - self.hit_s
 
 
 @dataclass
@@ -75,7 +90,7 @@ class HitSaving:
     """Per category, what a task whose columns a worker's memory holds saves there."""
 
     fits: dict[str, _Fit] = field(default_factory=dict)
-    savings: dict[str, float] = field(default_factory=dict)  # the last one each fit told
+    told: dict[str, TaskCosts] = field(default_factory=dict)  # the last each fit told
 
     def observe(self, category: str, tasks: int, seconds: float, decoded: int,
                 cached: int) -> None:
@@ -86,10 +101,16 @@ class HitSaving:
             return
         fit = self.fits.setdefault(category, _Fit())
         fit.add(tasks, float(decoded), seconds, (decoded + cached) / tasks)
-        if (saving := fit.saving()) is not None:
-            self.savings[category] = saving
+        if (costs := fit.costs()) is not None:
+            self.told[category] = costs
 
     def saving_s(self, category: str) -> float | None:
         """What a hit saves over a cold read of ``category`` (seconds, >= 0); None until
         the bundles seen tell it."""
-        return self.savings.get(category)
+        costs = self.told.get(category)
+        return None if costs is None else costs.saving_s
+
+    def costs(self, category: str) -> TaskCosts | None:
+        """A task of ``category``'s time from memory and from its file; None until the
+        bundles seen tell them apart."""
+        return self.told.get(category)

@@ -113,7 +113,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
                                priority=self._order(graph) if cfg.longest_first else None,
                                holder=self._holder, light=self._light,
                                cached_on=self._cached_on if held_first else None,
-                               pieces=self.pieces_of)
+                               pieces=self.pieces_of, task_costs=learned.hit_saving.costs)
         if learned.memory is not None:  # caps leave the column caches their room
             learned.memory.cache_share = cfg.column_cache_share if cfg.column_cache else 0.0
             learned.memory.cache_mb = cfg.column_cache_mb
@@ -121,7 +121,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             learned.topology.racks = cfg.racks  # for workers seen from now on
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
                                    learned.shard_health, cfg.bundles_per_slot,
-                                   pieces_of=self.pieces_of, hit_saving=learned.hit_saving)
+                                   pieces_of=self.pieces_of, hit_saving=learned.hit_saving,
+                                   start_eta=self._start_eta)
         self._temps = itertools.count(1)
         self._calls = itertools.count(1)
         self._out: list[Instruction] = []
