@@ -204,7 +204,7 @@ def test_an_idle_worker_takes_a_held_bundle_its_holder_would_start_too_late(
     eta = {"a0": holder_starts_in, "a1": 0.0}
     dispatch = Dispatcher(planner, topology, PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0),
                           ShardMap.from_urls(["root://a:1"], racks=["A"]), ShardHealth(), 1,
-                          hit_saving=saving, start_eta=eta.get)
+                          hit_saving=saving, start_eta=eta.get, run_time=lambda b: 0.01)
     sent = dispatch.fill(0.0, slots=2, inflight=1)
     if not sent_now:
         assert sent == [] and len(dispatch.held) == 1

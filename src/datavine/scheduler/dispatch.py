@@ -47,15 +47,17 @@ class Dispatcher:
     def __init__(self, planner: Planner, topology: Topology, policy: PlacementPolicy | None,
                  shardmap: ShardMap | None, health: ShardHealth, bundles_per_slot: int,
                  pieces_of: PiecesOf | None = None, hit_saving: HitSaving | None = None,
-                 start_eta: Callable[[str], float | None] | None = None) -> None:
+                 start_eta: Callable[[str], float | None] | None = None,
+                 run_time: Callable[[Bundle], float | None] | None = None) -> None:
         """``hit_saving``: what a read from memory saves per category, the longest a held
         bundle waits for the worker that holds its pieces (None: ``policy``'s wait).
-        ``start_eta``: how soon a call sent to a worker now would start there (seconds;
-        None: unknown), for a held bundle an idle worker takes (:meth:`_to_idle`; None:
-        none does)."""
+        ``start_eta``: how soon a call sent to a worker now would start there, and
+        ``run_time``: a bundle's expected run time (seconds; None: unknown), for the held
+        bundles an idle worker takes (:meth:`_to_idle`; None: none does)."""
         self.planner = planner
         self.hit_saving = hit_saving
         self.start_eta = start_eta
+        self.run_time = run_time
         self.topology = topology
         self.policy = policy
         self.shardmap = shardmap
@@ -188,16 +190,41 @@ class Dispatcher:
         return self.hit_saving.saving_s(planner.graph.category(planner.reader(bundle)))
 
     def _to_idle(self, room: int) -> list[tuple[Bundle, Target, Placement]]:
-        """Nothing else to send, and a worker has no call out: held bundles whose holder
-        starts them later than what a hit saves (``start_eta``: its calls out's time left)
-        go to the idle worker now, oldest first, up to ``room``: read from their files
-        there, they end sooner than they would from the holder's memory, and the idle core
-        would wait out the hold for nothing (a run's end: the last passes of a file held
-        for the worker that read it, busy with its own last calls)."""
-        start_eta, topology = self.start_eta, self.topology
+        """Nothing else to send, and a worker has no call out: a held bundle its holder
+        would start later than what a hit saves goes to the idle worker now (read from its
+        file there, it ends sooner than from the holder's memory, and the idle core would
+        wait out the hold for nothing: a run's end, the last passes of a file held for the
+        worker that read it, busy with its own last calls). A holder starts its held
+        bundles oldest first, each after its calls out (``start_eta``) and the held bundles
+        before it (``run_time``); up to ``room`` go, one per idle worker."""
+        start_eta, run_time, topology = self.start_eta, self.run_time, self.topology
         out: list[tuple[Bundle, Target, Placement]] = []
-        if start_eta is None:
+        if start_eta is None or run_time is None:
             return out
+        ahead: dict[str, float | None] = {}  # holder -> when it would start its next held
+        for held in itertools.islice(self.held.oldest(), IDLE_LOOK):
+            idle = topology.idle()
+            if room <= 0 or idle is None:
+                break
+            if held.task is None or (holder := topology.holder(held.task.pieces)) is None:
+                continue
+            saving = self._saving(held.bundle)
+            eta = ahead[holder] if holder in ahead else start_eta(holder)
+            if saving is None or eta is None or holder == idle:
+                continue
+            if eta < saving:  # the holder starts it in time: it waits there, ahead of the next
+                took = run_time(held.bundle)
+                ahead[holder] = None if took is None else eta + took
+                continue
+            self.held.remove(held)
+            placement = Placement("run", Tier.FAR, workers=(idle,), reason=(
+                f"idle; its holder {holder} starts it in ~{eta * 1e3:.0f} ms, a hit there "
+                f"saves ~{saving * 1e3:.0f} ms"))
+            target = topology.named(idle)
+            topology.sent(target)
+            out.append((held.bundle, target, placement))
+            room -= 1
+        return out
         for held in itertools.islice(self.held.oldest(), IDLE_LOOK):
             idle = topology.idle()
             if room <= 0 or idle is None:
