@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datavine.io.column_cache import piece_name
 from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle, CostModel, Planner
@@ -173,46 +172,6 @@ def test_a_bundle_waits_for_the_reader_no_longer_than_a_hit_saves() -> None:
     assert dispatch.fill(0.03, slots=2, inflight=1) == []  # still worth waiting for
     ((_, target, placement),) = dispatch.fill(0.05, slots=2, inflight=1)
     assert target == Target(worker="a1") and placement.tier == Tier.RACK
-
-
-def read_chunk(chunk: tuple[str, int, int]) -> int:
-    return chunk[2] - chunk[1]
-
-
-@pytest.mark.parametrize(("holder_starts_in", "sent_now"), [(0.2, True), (0.01, False)])
-def test_an_idle_worker_takes_a_held_bundle_its_holder_would_start_too_late(
-        holder_starts_in: float, sent_now: bool) -> None:
-    """Nothing else to send and a1 idle; the bundle's columns are in busy a0's memory. a0
-    starts it in 200 ms, later than what a hit saves (40 ms): a1 reads it now. a0 starts it
-    in 10 ms: it waits for a0."""
-    chunk = ("/store/f0.root", 0, 100)
-    dsk: dict[Any, Any] = {("read", 0): (read_chunk, chunk)}
-    graph = graphs.build(dsk, list(dsk))
-    planner = Planner(graph, files=lambda key: ("/store/f0.root",), costs=CostModel(),
-                      target_s=1.0, max_tasks=1)
-    topology = Topology(bundles_per_core=1)
-    for i, name in enumerate(("a0", "a1")):
-        topology.announce(name, "A", 1)
-        topology.learn(name, "A", f"10.0.0.{i}:9000", ())
-    topology.sent(Target(worker="a0"))
-    topology.learn("a0", "A", None, ["/store/f0.root", piece_name(*chunk)])
-    saving = HitSaving()
-    category = graph.category(("read", 0))
-    for tasks, seconds in ((1, 0.05), (4, 0.08), (1, 0.05), (4, 0.08)):
-        saving.observe(category, tasks, seconds, decoded=1_000_000,
-                       cached=(tasks - 1) * 1_000_000)
-    eta = {"a0": holder_starts_in, "a1": 0.0}
-    dispatch = Dispatcher(planner, topology, PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0),
-                          ShardMap.from_urls(["root://a:1"], racks=["A"]), ShardHealth(), 1,
-                          hit_saving=saving, start_eta=eta.get, run_time=lambda b: 0.01)
-    sent = dispatch.fill(0.0, slots=2, inflight=1)
-    if not sent_now:
-        assert sent == [] and len(dispatch.held) == 1
-        return
-    ((bundle, target, placement),) = sent
-    assert bundle.keys == [("read", 0)] and target == Target(worker="a1")
-    assert "its holder a0 starts it in ~200 ms" in placement.reason
-    assert len(dispatch.held) == 0
 
 
 # --- the indexed dispatcher decides as the exhaustive one did ---------------------------------

@@ -400,9 +400,14 @@ class Planner:
         of :data:`HELD_TOGETHER`: a file's chunks go in one call once their costs are known
         (their reads near the same shard), and each call fewer is a hand-over fewer on its
         worker (the default scale test: ~70 calls a run, each ~1.8 ms of its worker's core).
-        ``taken``: already in the call beside ``seed``."""
+        Only chunks read more than once in the run (``seed``'s, ``taken``, and each taken
+        here, with their passes): a chunk read once keeps a call of its own, so that the
+        run's reads, and the columns the workers' caches keep for the next run, spread
+        evenly (grouped, a rerun of 20 chunks found one worker holding 12, and read 2-4
+        of them cold elsewhere while that worker was busy). ``taken``: already in the call
+        beside ``seed``."""
         keys = self._by_files.get(self._files(seed))
-        if not keys or self._cached_on is None:
+        if not keys or not taken or self._cached_on is None:
             return []
         room = group_size(HELD_TOGETHER, len(self._live_reads), self._cores) - 1 - len(taken)
         budget = self._target_s - costs.cold_s - len(taken) * costs.hit_s
@@ -415,6 +420,8 @@ class Planner:
                 continue
             group = [key, *(k for k in self._same_pieces(key, category, room) if k not in seen)]
             cost = costs.cold_s + (len(group) - 1) * costs.hit_s
+            if len(group) < 2:
+                continue
             if len(out) + len(group) > room or cost > budget:
                 break
             out.extend(group)

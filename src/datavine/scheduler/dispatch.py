@@ -18,9 +18,8 @@ dispatch through this class.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 
 from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler.bundling import Bundle, Planner
@@ -34,7 +33,6 @@ from datavine.scheduler.worker_index import FILE
 Key = Hashable
 LOOKAHEAD_FACTOR = 4  # bundles considered per free slot when the first ones must wait
 EARLY_S = 1e-6  # a held bundle is due this much before its wait runs out (float rounding)
-IDLE_LOOK = 64  # the oldest held bundles looked at for an idle worker, each fill (_to_idle)
 
 
 class Dispatcher:
@@ -46,18 +44,12 @@ class Dispatcher:
 
     def __init__(self, planner: Planner, topology: Topology, policy: PlacementPolicy | None,
                  shardmap: ShardMap | None, health: ShardHealth, bundles_per_slot: int,
-                 pieces_of: PiecesOf | None = None, hit_saving: HitSaving | None = None,
-                 start_eta: Callable[[str], float | None] | None = None,
-                 run_time: Callable[[Bundle], float | None] | None = None) -> None:
+                 pieces_of: PiecesOf | None = None, hit_saving: HitSaving | None = None
+                 ) -> None:
         """``hit_saving``: what a read from memory saves per category, the longest a held
-        bundle waits for the worker that holds its pieces (None: ``policy``'s wait).
-        ``start_eta``: how soon a call sent to a worker now would start there, and
-        ``run_time``: a bundle's expected run time (seconds; None: unknown), for the held
-        bundles an idle worker takes (:meth:`_to_idle`; None: none does)."""
+        bundle waits for the worker that holds its pieces (None: ``policy``'s wait)."""
         self.planner = planner
         self.hit_saving = hit_saving
-        self.start_eta = start_eta
-        self.run_time = run_time
         self.topology = topology
         self.policy = policy
         self.shardmap = shardmap
@@ -95,8 +87,6 @@ class Dispatcher:
                     want = min(room, lookahead - len(self.held))
                     fresh.extend(self.planner.next_bundles(want, slots) if want > 0 else ())
                     if not fresh:
-                        if want > 0 and len(self.held):  # nothing else to send
-                            out.extend(self._to_idle(room))
                         break
                 bundle, since = fresh.popleft(), now
             placement, home, task = self._place(bundle, now, since, held)
@@ -177,73 +167,13 @@ class Dispatcher:
         """``policy``, its wait for a worker holding the pieces bounded by what a hit saves
         for the bundle's reading tasks: held longer, the bundle would have been read cold
         elsewhere sooner (a run's end, one worker holding the last pieces, the others idle)."""
-        saving = self._saving(bundle)
+        if self.hit_saving is None or not self.hit_saving.told:
+            return policy
+        planner = self.planner
+        saving = self.hit_saving.saving_s(planner.graph.category(planner.reader(bundle)))
         if saving is None or saving >= policy.cache_wait_s:
             return policy
         return dataclasses.replace(policy, cache_wait_s=saving)
-
-    def _saving(self, bundle: Bundle) -> float | None:
-        """What a hit saves the bundle's reading tasks (None: not known yet)."""
-        if self.hit_saving is None or not self.hit_saving.told:
-            return None
-        planner = self.planner
-        return self.hit_saving.saving_s(planner.graph.category(planner.reader(bundle)))
-
-    def _to_idle(self, room: int) -> list[tuple[Bundle, Target, Placement]]:
-        """Nothing else to send, and a worker has no call out: a held bundle its holder
-        would start later than what a hit saves goes to the idle worker now (read from its
-        file there, it ends sooner than from the holder's memory, and the idle core would
-        wait out the hold for nothing: a run's end, the last passes of a file held for the
-        worker that read it, busy with its own last calls). A holder starts its held
-        bundles oldest first, each after its calls out (``start_eta``) and the held bundles
-        before it (``run_time``); up to ``room`` go, one per idle worker."""
-        start_eta, run_time, topology = self.start_eta, self.run_time, self.topology
-        out: list[tuple[Bundle, Target, Placement]] = []
-        if start_eta is None or run_time is None:
-            return out
-        ahead: dict[str, float | None] = {}  # holder -> when it would start its next held
-        for held in itertools.islice(self.held.oldest(), IDLE_LOOK):
-            idle = topology.idle()
-            if room <= 0 or idle is None:
-                break
-            if held.task is None or (holder := topology.holder(held.task.pieces)) is None:
-                continue
-            saving = self._saving(held.bundle)
-            eta = ahead[holder] if holder in ahead else start_eta(holder)
-            if saving is None or eta is None or holder == idle:
-                continue
-            if eta < saving:  # the holder starts it in time: it waits there, ahead of the next
-                took = run_time(held.bundle)
-                ahead[holder] = None if took is None else eta + took
-                continue
-            self.held.remove(held)
-            placement = Placement("run", Tier.FAR, workers=(idle,), reason=(
-                f"idle; its holder {holder} starts it in ~{eta * 1e3:.0f} ms, a hit there "
-                f"saves ~{saving * 1e3:.0f} ms"))
-            target = topology.named(idle)
-            topology.sent(target)
-            out.append((held.bundle, target, placement))
-            room -= 1
-        return out
-        for held in itertools.islice(self.held.oldest(), IDLE_LOOK):
-            idle = topology.idle()
-            if room <= 0 or idle is None:
-                break
-            if held.task is None or (holder := topology.holder(held.task.pieces)) is None:
-                continue
-            saving = self._saving(held.bundle)
-            eta = start_eta(holder) if holder != idle else None
-            if saving is None or eta is None or eta < saving:
-                continue
-            self.held.remove(held)
-            placement = Placement("run", Tier.FAR, workers=(idle,), reason=(
-                f"idle; its holder {holder} starts it in ~{eta * 1e3:.0f} ms, a hit there "
-                f"saves ~{saving * 1e3:.0f} ms"))
-            target = topology.named(idle)
-            topology.sent(target)
-            out.append((held.bundle, target, placement))
-            room -= 1
-        return out
 
     def _wait_start(self, since: float, home: str | None) -> float:
         """A bundle waits from the later of its arrival and its rack's last near bundle."""

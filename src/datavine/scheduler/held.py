@@ -90,10 +90,6 @@ class HeldBundles:
     def __len__(self) -> int:
         return len(self._held)
 
-    def oldest(self) -> list[Held]:
-        """The held bundles, oldest first (a copy: :meth:`remove` may follow)."""
-        return list(self._held.values())
-
     # --- holding and letting go ---------------------------------------------------------
     def hold(self, bundle: Bundle, since: float) -> Held:
         """A bundle held for the first time (decide it at once, or mark it :meth:`due`)."""

@@ -131,20 +131,6 @@ class BackupCopies(RunParts):
             total += estimate
         return total
 
-    def _start_eta(self, worker: str) -> float | None:
-        """How soon a call sent to ``worker`` now would start there: the expected time its
-        calls out have left, over its cores (None: one's expected time is unknown). Calls
-        not yet known to be on it (sent anywhere) are not counted."""
-        now, left = self.now, 0.0
-        for call in self.lanes.lane.get(worker, ()):
-            entry = self.inflight.get(call) or self.backups.get(call)
-            expected = self._expected(entry.bundle) if entry is not None else None
-            if expected is None:
-                return None
-            began = self.lanes.began.get(call)
-            left += expected if began is None else max(0.0, expected - (now - began))
-        return left / self._cores_of(worker)
-
     def _files_rack(self, bundle: Bundle) -> str | None:
         """The rack of the shard its first file is read from now (None: no files or no
         shard map)."""

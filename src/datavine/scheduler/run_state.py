@@ -121,8 +121,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             learned.topology.racks = cfg.racks  # for workers seen from now on
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
                                    learned.shard_health, cfg.bundles_per_slot,
-                                   pieces_of=self.pieces_of, hit_saving=learned.hit_saving,
-                                   start_eta=self._start_eta, run_time=self._expected)
+                                   pieces_of=self.pieces_of, hit_saving=learned.hit_saving)
         self._temps = itertools.count(1)
         self._calls = itertools.count(1)
         self._out: list[Instruction] = []

@@ -531,17 +531,6 @@ class Topology(WorkerIndexes):
                 best = key if best is None or key < best else best
         return self._target(best[2], None) if best is not None else None
 
-    def idle(self) -> str | None:
-        """A connected named worker with no bundle out (:meth:`freest`'s pick), or None,
-        also while a bundle sent to a rack or anywhere is out (it may run there)."""
-        if len(self._per_worker) < len(self.inflight):
-            return None
-        target = self.freest()
-        known = self.workers.get(target.worker) if target and target.worker else None
-        if known is None or self._free(known) < known.cores * self.bundles_per_core:
-            return None
-        return known.id
-
     def named(self, worker: str) -> Target:
         """The target of one named worker (a backup copy goes to exactly that worker)."""
         return self._target(worker, None)
