@@ -14,8 +14,10 @@ reads pieces no cache holds (:meth:`Planner._seed`): a cache keeps what the orde
 leaves it, and a held piece read later may be gone by then. A file task's call takes the
 ready tasks its worker's cache holds, or, when no cache holds its pieces yet, those that read
 only its pieces (:meth:`Planner._same_pieces`: they read from the memory its read fills),
-up to half a core's share of the ready file tasks, so the calls shrink towards a run's end
-and the cores finish together (:func:`group_size`, factoring).
+and, once a hit's and a cold read's times are learned, its file's next chunks with theirs
+(:meth:`Planner._same_files`: a call fewer is a hand-over fewer), as many as the bundle's
+target time takes, up to half a core's share of the ready file tasks, so the calls shrink
+towards a run's end and the cores finish together (:func:`group_size`, factoring).
 
 No I/O here: the runtime feeds results in and asks for bundles out.
 """
