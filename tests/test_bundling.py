@@ -477,3 +477,10 @@ def test_calls_of_a_files_chunks_take_each_task_once(passes: int, chunks: int, f
             sent.extend(b.keys)
             planner.complete(b)
     assert sorted(map(str, sent)) == sorted(map(str, planner.graph.nodes))
+
+
+def test_a_files_chunks_go_together_only_within_the_bundle_limit() -> None:
+    """``max_bundle_tasks`` bounds a call however cheap its tasks are known to be."""
+    planner = chunks_planner(passes=4, chunks=3, costs=TaskCosts(0.001, 0.002), target_s=1.0)
+    planner._max_tasks = 3
+    assert [len(b.keys) for b in planner.next_bundles(2)] == [3, 3]

@@ -317,7 +317,9 @@ class Planner:
             # the memory it fills: held there anyway), its file's next chunks as time allows
             size = (1 + math.floor(self._target_s / max(costs.hit_s, 1e-6)) if held
                     else HELD_TOGETHER)
-        size = group_size(size, len(self._live_reads), self._cores)
+        # within max_tasks with the merges it carries
+        size = min(group_size(size, len(self._live_reads), self._cores),
+                   self._max_tasks - len(members) + 1)
         if size <= 1:
             return
         if held:
@@ -325,7 +327,8 @@ class Planner:
         else:
             others = self._same_pieces(key, category, size - 1)
             if costs is not None:
-                others += self._same_files(key, category, others, costs)
+                others += self._same_files(key, category, others, costs,
+                                           size - 1 - len(others))
         for other in others:
             members.append(other)
             files.extend(self._files(other))
@@ -393,8 +396,8 @@ class Planner:
                     found[key] = self._priority[key]
         return heapq.nsmallest(n, found, key=found.__getitem__)
 
-    def _same_files(self, seed: Key, category: str, taken: list[Key],
-                    costs: TaskCosts) -> list[Key]:
+    def _same_files(self, seed: Key, category: str, taken: list[Key], costs: TaskCosts,
+                    room: int) -> list[Key]:
         """More ready file tasks of ``category`` that read ``seed``'s files, pieces no cache
         holds, each with the ready tasks that read only its pieces (:meth:`_same_pieces`),
         whole groups in order while the call stays within the bundle's target time (a cold
@@ -407,11 +410,10 @@ class Planner:
         run's reads, and the columns the workers' caches keep for the next run, spread
         evenly (grouped, a rerun of 20 chunks found one worker holding 12, and read 2-4
         of them cold elsewhere while that worker was busy). ``taken``: already in the call
-        beside ``seed``."""
+        beside ``seed``; ``room``: how many more tasks it may take."""
         keys = self._by_files.get(self._files(seed))
-        if not keys or not taken or self._cached_on is None:
+        if not keys or not taken or room <= 0 or self._cached_on is None:
             return []
-        room = group_size(HELD_TOGETHER, len(self._live_reads), self._cores) - 1 - len(taken)
         budget = self._target_s - costs.cold_s - len(taken) * costs.hit_s
         live, cached_on, category_of = self._live, self._cached_on, self.graph.category
         keys[:] = [k for k in dict.fromkeys(keys) if k in live]
