@@ -375,50 +375,13 @@ def test_the_run_carries_a_merge_whose_inputs_came_back_and_not_one_whose_stayed
         assert (len(merged) == 2) is carried, sent  # with a read beside it, or alone
 
 
-def passes_planner(passes: int, files: int = 4, cores: int = 1,
-                   cost_s: float | None = 0.01) -> Planner:
-    """``passes`` chunk tasks per file reading the same piece (the scale test's passes),
-    merged by one sum; the pieces are held by no worker yet."""
-    dsk: dict = {("chunk", p, f): (str, f"/data/f{f}.root") for p in range(passes)
-                 for f in range(files)}
-    dsk["total"] = (sum, list(dsk))
-    g = graph.build(dsk, ["total"])
-    reads = {k: ((f"/data/f{k[2]}.root",) if isinstance(k, tuple) else ()) for k in g.nodes}
-    pieces = {k: ((f"/data/f{k[2]}.root@0-10",) if isinstance(k, tuple) else ())
-              for k in g.nodes}
-    costs = CostModel()
-    if cost_s is not None:
-        costs.observe(g.category(("chunk", 0, 0)), 1, cost_s)
-    # pass-major order, as the scale test's priority: every file's first pass first
-    priority = {k: (k[1] * files + k[2] if isinstance(k, tuple) else 10**6) for k in g.nodes}
-    planner = Planner(g, files=reads.__getitem__, costs=costs, target_s=1.0, max_tasks=64,
-                      priority=priority, holder=lambda k: None, cached_on=lambda k: None,
-                      pieces=pieces.__getitem__)
-    planner._cores = cores
-    return planner
-
-
-def test_tasks_reading_the_same_pieces_go_in_one_call_behind_the_first() -> None:
-    """A file's later passes go in the call of its first read: they read from the memory it
-    fills, and a call of their own would cost a hand-over and wait for that worker."""
-    planner = passes_planner(passes=4, files=4)
-    bundles = planner.next_bundles(2, cores=1)
-    files_of = [{k[2] for k in b.keys if isinstance(k, tuple)} for b in bundles]
-    assert files_of == [{0}, {1}]  # one file each: the same pieces, not the order's next
-    assert [sorted(k[1] for k in b.keys if isinstance(k, tuple)) for b in bundles] == [
-        [0, 1, 2, 3], [0, 1, 2, 3]]  # every pass of the file, once
-
-
-def test_tasks_reading_the_same_pieces_go_together_only_with_a_measured_cost() -> None:
-    planner = passes_planner(passes=4, files=2, cost_s=None)
-    assert [len(b.keys) for b in planner.next_bundles(2, cores=1)] == [1, 1]
-
-
-def chunks_planner(passes: int, chunks: int, costs: TaskCosts | None, target_s: float = 1.0,
-                   files: int = 2) -> Planner:
-    """``files`` files of ``chunks`` chunks, each chunk read by ``passes`` tasks (the scale
-    test's passes); ``costs``: a task's time from memory and from its file, as learned (None:
-    not yet)."""
+def chunks_planner(passes: int, chunks: int = 1, costs: TaskCosts | None = None,
+                   target_s: float = 1.0, files: int = 2, cost_s: float | None = 0.05,
+                   cores: int = 1) -> Planner:
+    """``files`` files of ``chunks`` chunks, each chunk read by ``passes`` tasks
+    (``("chunk", pass, file, chunk)``: the scale test's passes), merged by one sum; the pieces
+    are held by no worker yet. ``cost_s``: a task's measured time (None: not yet); ``costs``:
+    a task's time from memory and from its file, as learned (None: not yet)."""
     dsk: dict = {("chunk", p, f, c): (str, f"/data/f{f}.root#{c}") for p in range(passes)
                  for f in range(files) for c in range(chunks)}
     dsk["total"] = (sum, list(dsk))
@@ -427,14 +390,32 @@ def chunks_planner(passes: int, chunks: int, costs: TaskCosts | None, target_s: 
     pieces = {k: ((f"/data/f{k[2]}.root@{k[3]}",) if isinstance(k, tuple) else ())
               for k in g.nodes}
     model = CostModel()
-    model.observe(g.category(("chunk", 0, 0, 0)), 1, 0.05)
+    if cost_s is not None:
+        model.observe(g.category(("chunk", 0, 0, 0)), 1, cost_s)
+    # pass-major order, as the scale test's priority: every file's first pass first
     priority = {k: ((k[1] * files + k[2]) * chunks + k[3] if isinstance(k, tuple) else 10**6)
                 for k in g.nodes}
     planner = Planner(g, files=reads.__getitem__, costs=model, target_s=target_s, max_tasks=64,
                       priority=priority, holder=lambda k: None, cached_on=lambda k: None,
                       pieces=pieces.__getitem__, task_costs=lambda category: costs)
-    planner._cores = 1
+    planner._cores = cores
     return planner
+
+
+def test_tasks_reading_the_same_pieces_go_in_one_call_behind_the_first() -> None:
+    """A file's later passes go in the call of its first read: they read from the memory it
+    fills, and a call of their own would cost a hand-over and wait for that worker."""
+    planner = chunks_planner(passes=4, files=4, cost_s=0.01)
+    bundles = planner.next_bundles(2, cores=1)
+    files_of = [{k[2] for k in b.keys if isinstance(k, tuple)} for b in bundles]
+    assert files_of == [{0}, {1}]  # one file each: the same pieces, not the order's next
+    assert [sorted(k[1] for k in b.keys if isinstance(k, tuple)) for b in bundles] == [
+        [0, 1, 2, 3], [0, 1, 2, 3]]  # every pass of the file, once
+
+
+def test_tasks_reading_the_same_pieces_go_together_only_with_a_measured_cost() -> None:
+    planner = chunks_planner(passes=4, files=2, cost_s=None)
+    assert [len(b.keys) for b in planner.next_bundles(2, cores=1)] == [1, 1]
 
 
 def chunk_groups(bundle: Bundle) -> list[tuple[int, int, int]]:
