@@ -301,27 +301,30 @@ class Planner:
     def _group(self, key: Key, category: str, size: int, members: list[Key],
                files: list[str]) -> None:
         """A file task that starts a bundle (``members``: it, behind the merges it carries,
-        :meth:`_carried`) takes the ready tasks
-        whose pieces the same worker holds with it (:meth:`_held_with`), or, none held, the
-        ones that read its pieces and its file's other chunks (:meth:`_same_pieces`,
-        :meth:`_same_files`): ``size`` of them (from the category's measured cost), or,
-        once a hit's and a cold read's times are known (``task_costs``), as many as fit the
-        bundle's target time; at most :data:`HELD_TOGETHER`, and no more than the ready
-        tasks' share of a core (:func:`group_size`): at a run's end the last calls are
-        single chunks, so no core idles behind another's long call."""
+        :meth:`_carried`) takes the ready tasks whose pieces the same worker holds with it
+        (:meth:`_held_with`), or, none held, the ones that read its pieces and its file's
+        other chunks with theirs (:meth:`_same_pieces`, :meth:`_same_files`): ``size`` of
+        them (from the category's measured cost), or, once a hit's and a cold read's times
+        are known (``task_costs``), as many as fit the bundle's target time; at most
+        :data:`HELD_TOGETHER`, within ``max_tasks``, and no more than the ready tasks' share
+        of a core (:func:`group_size`): at a run's end the last calls are single chunks, so
+        no core idles behind another's long call."""
         if self.costs.estimate(category) is None:
             return
-        costs = self._task_costs(category) if self._task_costs is not None else None
-        held = self._held_with(key, category, HELD_TOGETHER - 1)
-        if costs is not None:  # held: hits; else its own pieces' readers whole (read from
-            # the memory it fills: held there anyway), its file's next chunks as time allows
-            size = (1 + math.floor(self._target_s / max(costs.hit_s, 1e-6)) if held
-                    else HELD_TOGETHER)
-        # within max_tasks with the merges it carries
-        size = min(group_size(size, len(self._live_reads), self._cores),
-                   self._max_tasks - len(members) + 1)
-        if size <= 1:
+        cap = min(group_size(HELD_TOGETHER, len(self._live_reads), self._cores),
+                  self._max_tasks - len(members) + 1)
+        if cap <= 1:
             return
+        costs = self._task_costs(category) if self._task_costs is not None else None
+        if costs is None and size <= 1:
+            return
+        held = self._held_with(key, category, cap - 1)
+        if costs is None:
+            size = min(size, cap)
+        elif held:  # hits, as many as the target's time takes
+            size = min(cap, 1 + math.floor(self._target_s / max(costs.hit_s, 1e-6)))
+        else:  # its own pieces' readers whole (they read the memory its read fills, and
+            size = cap  # would wait for its worker anyway), its file's next as time allows
         if held:
             others = held[:size - 1]
         else:
@@ -401,8 +404,8 @@ class Planner:
         """More ready file tasks of ``category`` that read ``seed``'s files, pieces no cache
         holds, each with the ready tasks that read only its pieces (:meth:`_same_pieces`),
         whole groups in order while the call stays within the bundle's target time (a cold
-        read a group, a hit each task beside it: ``costs``) and within :func:`group_size`
-        of :data:`HELD_TOGETHER`: a file's chunks go in one call once their costs are known
+        read a group, a hit each task beside it: ``costs``) and its ``room`` (more tasks it
+        may take): a file's chunks go in one call once their costs are known
         (their reads near the same shard), and each call fewer is a hand-over fewer on its
         worker (the default scale test: ~70 calls a run, each ~1.8 ms of its worker's core).
         Only chunks read more than once in the run (``seed``'s, ``taken``, and each taken
@@ -410,7 +413,7 @@ class Planner:
         run's reads, and the columns the workers' caches keep for the next run, spread
         evenly (grouped, a rerun of 20 chunks found one worker holding 12, and read 2-4
         of them cold elsewhere while that worker was busy). ``taken``: already in the call
-        beside ``seed``; ``room``: how many more tasks it may take."""
+        beside ``seed``."""
         keys = self._by_files.get(self._files(seed))
         if not keys or not taken or room <= 0 or self._cached_on is None:
             return []
@@ -423,9 +426,9 @@ class Planner:
             if key in seen or category_of(key) != category or cached_on(key) is not None:
                 continue
             group = [key, *(k for k in self._same_pieces(key, category, room) if k not in seen)]
-            cost = costs.cold_s + (len(group) - 1) * costs.hit_s
-            if len(group) < 2:
+            if len(group) < 2:  # read once in the run: a call of its own
                 continue
+            cost = costs.cold_s + (len(group) - 1) * costs.hit_s
             if len(out) + len(group) > room or cost > budget:
                 break
             out.extend(group)
