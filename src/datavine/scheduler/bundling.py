@@ -169,7 +169,7 @@ class Planner:
         pieces = self._pieces(key)
         for piece in pieces:
             self._readers[piece].append(key)
-        if pieces:
+        if pieces and self._task_costs is not None:  # only _same_files reads it
             self._by_files[self._files(key)].append(key)
         if pieces and (holder := self._cached_on(key)) is not None:
             self._note_cached(key, holder)

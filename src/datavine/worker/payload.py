@@ -177,10 +177,11 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
         # called for every object but the builtin containers and scalars (a bundle's task
         # nodes, their arguments): cloudpickle's own reduces only functions and classes,
         # so anything else is NotImplemented at once, one Python call fewer each
-        if isinstance(obj, (types.FunctionType, type)):
-            return self._encoder.reduce(obj) if obj is not shared else \
-                super().reducer_override(obj)
-        return NotImplemented
+        if not isinstance(obj, (types.FunctionType, type)):
+            return NotImplemented
+        if obj is shared:
+            return super().reducer_override(obj)
+        return self._encoder.reduce(obj)
 
 
 class BundleEncoder:
