@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -41,6 +43,16 @@ class FakeFile:
         self.id = next(self.ids)
 
 
+def execute_in(sandbox: Path, payload: bytes) -> BundleResult:
+    """Run a bundle's payload as the library would, in ``sandbox``; this process's folder is
+    the same after (the sandbox goes with its fake pool)."""
+    cwd = os.getcwd()
+    try:
+        return remote.execute_payload(payload, str(sandbox))
+    finally:
+        os.chdir(cwd)
+
+
 class FakeRuntime:
     """The port :class:`datavine.manager.execution.GraphRun` drives (a :class:`RunPort`,
     checked by tests/test_run_loop.py), on ``workers`` fake workers."""
@@ -61,6 +73,7 @@ class FakeRuntime:
         self.restarts = 0
         self._ids = itertools.count(1)
         self._sandbox = Path(tempfile.mkdtemp(prefix="datavine-fake-"))
+        weakref.finalize(self, shutil.rmtree, self._sandbox, True)  # its calls' sandboxes
 
     # --- what GraphRun reads -------------------------------------------------------------
     def requeued(self, now: float) -> list[int]:
@@ -132,11 +145,7 @@ class FakeRuntime:
                 return BundleResult(Status.LOST, key=key_of[name],
                                     message=f"input {name} is gone").encode()
             (sandbox / name).write_bytes(self.cache[file][1])
-        cwd = os.getcwd()
-        try:
-            result = remote.execute_payload(cloudpickle.dumps(spec), str(sandbox))
-        finally:
-            os.chdir(cwd)
+        result = execute_in(sandbox, cloudpickle.dumps(spec))
         for name, file in store.items():
             if (sandbox / name).exists() and file in self.declared:
                 self.cache[file] = (worker, (sandbox / name).read_bytes())

@@ -1,13 +1,15 @@
 """The run's state machine (:class:`datavine.scheduler.run_state.RunState`) driven event by
-event: no
-TaskVine, no driver, no clock. Each test plays the pool by hand (which call finishes, on which
-worker, with what status; which worker leaves when) and asserts on the instructions that come
-out: what is submitted (and under what cap, where), withdrawn, dropped, delivered, raised;
-after every event the state must agree with itself (``RunState.validate``)."""
+event: no TaskVine, no driver, no clock. Each test plays the pool by hand (which call
+finishes, on which worker, with what status; which worker leaves when) and asserts on the
+instructions that come out: what is submitted (and under what cap, where), withdrawn,
+dropped, delivered, raised; after every event the state must agree with itself
+(``RunState.validate``)."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ from datavine.scheduler.run_messages import (
     Withdraw,
 )
 from datavine.scheduler.run_state import RunState
-from datavine.worker import remote
+from tests.fake_runtime import execute_in
 
 CFG = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, bundles_per_slot=1,
                 no_worker_timeout_s=30, timeout_s=0)
@@ -81,6 +83,7 @@ class Pool:
         self.declared: set[int] = set()
         self.made: dict[int, tuple[str, bytes]] = {}  # temp -> (worker, bytes)
         self.sandbox = Path(tempfile.mkdtemp(prefix="datavine-state-"))
+        weakref.finalize(self, shutil.rmtree, self.sandbox, True)
 
     def step(self, *events: Any) -> list[Instruction]:
         """Hand the state ``events``; its lifecycle must agree with the rest of it after."""
@@ -106,7 +109,7 @@ class Pool:
         box = Path(tempfile.mkdtemp(dir=self.sandbox))
         for name, temp in ins.fetch.items():
             (box / name).write_bytes(self.made[temp][1])
-        result = remote.execute_payload(cloudpickle.dumps(ins.spec.encode()), str(box))
+        result = execute_in(box, cloudpickle.dumps(ins.spec.encode()))
         for name, temp in ins.store.items():
             if (box / name).exists():
                 self.made[temp] = (worker, (box / name).read_bytes())

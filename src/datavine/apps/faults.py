@@ -149,7 +149,8 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
 # --- in-process scenarios ----------------------------------------------------------------------
 @contextlib.contextmanager
 def private_tmp() -> Iterator[Path]:
-    """A temporary directory that ``tempfile`` uses meanwhile: what a run leaves is there."""
+    """A temporary directory that ``tempfile`` uses meanwhile: what a run leaves is there,
+    to be counted inside the block; it is removed on the way out."""
     root = Path(tempfile.mkdtemp(prefix="datavine-faults-"))
     root.chmod(0o755)  # the testbed's servers run as the xrootd user
     before = tempfile.tempdir
@@ -158,6 +159,7 @@ def private_tmp() -> Iterator[Path]:
         yield root
     finally:
         tempfile.tempdir = before
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def in_cluster(name: str, inject: Callable[[LocalCluster], None] | None, *,
@@ -214,7 +216,6 @@ def in_cluster(name: str, inject: Callable[[LocalCluster], None] | None, *,
             ok, outcome = strike.verdict(ok, outcome)
         wait_until_quiet(sids)
         files = sum(1 for _ in tmp.rglob("*"))
-        shutil.rmtree(tmp, ignore_errors=True)
     return FaultResult(name, ok, seconds, outcome, len(live_in_sessions(sids)), files,
                        injected=strike.injected if strike is not None else None)
 
@@ -391,7 +392,6 @@ def client_signal(name: str, sig: int, command: list[str], ready_sessions: int, 
         for pid in left:  # the test must not leave them either
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(tmp, ignore_errors=True)
     expected = (128 + sig, -sig)  # its own exit code, or death by the signal itself
     ok = (injected and proc.returncode in expected and not left and not files
           and len(sids) >= ready_sessions)
@@ -520,6 +520,5 @@ def condor_worker_removed(password_file: Path, pool_dir: Path | None = None) -> 
             ok, outcome = strike.verdict(ok, outcome)
         left = condor_exec("condor_q", "-allusers", "-constraint", constraint, "-af",
                            "ClusterId").stdout.split()
-        shutil.rmtree(tmp, ignore_errors=True)
     return FaultResult("HTCondor worker job removed", ok and not left, seconds, outcome,
                        len(left), 0, injected=strike.injected if strike is not None else False)
