@@ -30,10 +30,13 @@ def test_pre_started_local_pool_connects_reports_and_stops(
         attached = FactoryPool.attach("t-local", tmp_path)
         assert isinstance(attached, LocalFactoryPool) and attached.pid == pool.pid
         assert attached.status().jobs == {"running": 2}
+        # the workers' workspaces are in the pool's folder, not in the host's /tmp
+        assert len(list(pool.workspaces.glob("worker-*"))) == 2
     finally:
         pool.stop(timeout_s=20)
     assert not pool.running
     assert not (tmp_path / "t-local.json").exists()
+    assert not pool.workspaces.exists(), "a killed worker's workspace is removed with it"
     deadline = time.monotonic() + 10
     while LocalFactoryPool(cfg, name="t-local", pool_dir=tmp_path).status().workers_connected:
         assert time.monotonic() < deadline, "workers must disconnect once the pool stops"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
 from dataclasses import replace
@@ -56,6 +57,13 @@ class LocalFactoryPool(FactoryPool):
 
     batch = "local"
 
+    @property
+    def workspaces(self) -> Path:
+        """Where the workers make their workspaces (their ``TMPDIR``): the factory stops its
+        workers with SIGKILL, which leaves a workspace behind, so the pool removes the
+        folder once its workers are gone, rather than leaving it in the host's /tmp."""
+        return self.scratch_dir / "workspaces"
+
     def _prepare(self, scratch: Path) -> FactoryConfig:
         scratch.mkdir(parents=True, exist_ok=True)
         return replace(self.config, scratch_dir=scratch)
@@ -64,6 +72,8 @@ class LocalFactoryPool(FactoryPool):
         full = dict(os.environ)
         full.update(env)
         full["PATH"] = f"{env['PATH']}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.workspaces.mkdir(parents=True, exist_ok=True)
+        full["TMPDIR"] = str(self.workspaces)
         return cmd, full
 
     def _jobs(self) -> dict[str, int]:
@@ -96,3 +106,4 @@ class LocalFactoryPool(FactoryPool):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
+        shutil.rmtree(self.workspaces, ignore_errors=True)
