@@ -117,4 +117,4 @@ def test_a_closed_sink_keeps_nothing(tmp_path: Path) -> None:
     sink = ev.EventSink(tmp_path / "e.jsonl")
     sink.close()
     sink.emit({"k": "sent", "call": 1}, flush=True)
-    assert not sink._lines and [r["k"] for r in ev.read_events(tmp_path / "e.jsonl")] == ["hello"]
+    assert not sink._pending and [r["k"] for r in ev.read_events(tmp_path / "e.jsonl")] == ["hello"]

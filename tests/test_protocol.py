@@ -79,6 +79,9 @@ def test_a_result_lacking_a_field_names_the_field_and_the_worker() -> None:
     ({"values": {"x": "not bytes"}}, "field 'values' is dict"),
     ({"timing": {"x": [1, 0.5]}}, "field 'timing' is dict"),
     ({"pid": 4.5}, "field 'pid' is float 4.5, not int"),
+    ({"pid": True}, "field 'pid' is bool True, not int"),
+    ({"host": None}, "field 'host' is NoneType None, not str"),
+    ({"rack": 3}, "field 'rack' is int 3, not str | None"),
     ({"exception": "boom"}, "field 'exception' is str 'boom', not bytes | None"),
 ])
 def test_a_result_of_another_datavine_is_refused(change: dict[str, Any], says: str) -> None:

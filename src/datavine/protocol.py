@@ -231,7 +231,7 @@ Record = TypeVar("Record", BundleSpec, BundleResult)
 
 def _encode(record: BundleSpec | BundleResult) -> dict[str, object]:
     out: dict[str, object] = {"protocol": PROTOCOL}
-    for name, _, _ in _plan(type(record))[1]:
+    for name, _, _, _ in _plan(type(record))[1]:
         value = getattr(record, name)
         out[name] = str(value) if isinstance(value, enum.Enum) else value
     return out
@@ -246,9 +246,11 @@ def _decode(cls: type[Record], data: object, what: str) -> Record:
         _refuse(cls, data, what)
     assert isinstance(data, Mapping)  # _refuse raised otherwise
     values: dict[str, Any] = {}  # the fields' values, checked: cls(**values) takes them
-    for name, convert, check in fields:
+    for name, convert, check, plain in fields:
         value = data[name]
-        if convert is not None:
+        if type(value) in plain:  # a scalar of its type, or None where allowed: no call
+            pass
+        elif convert is not None:
             try:
                 value = convert(value)
             except ValueError:
@@ -291,8 +293,9 @@ def _refuse(cls: type, data: object, what: str) -> None:
 
 
 _HINTS: dict[type, dict[str, object]] = {}
-# per field: its name, the enum that converts it (None: not an enum) and its type's check
-_Field = tuple[str, type[enum.Enum] | None, "Check"]
+# per field: its name, the enum that converts it (None: not an enum), its type's check, and
+# the types a value needs no check for (:func:`_plain`)
+_Field = tuple[str, type[enum.Enum] | None, "Check", frozenset[type]]
 
 
 _PLANS: dict[type, tuple[frozenset[str], tuple[_Field, ...]]] = {}
@@ -305,11 +308,27 @@ def _plan(cls: type) -> tuple[frozenset[str], tuple[_Field, ...]]:
         fields: list[_Field] = []
         for name, hint in _hints(cls).items():
             if isinstance(hint, type) and issubclass(hint, enum.Enum):
-                fields.append((name, hint, _anything))
+                fields.append((name, hint, _anything, frozenset()))
             else:
-                fields.append((name, None, _checker(hint)))
-        _PLANS[cls] = frozenset(["protocol", *(name for name, _, _ in fields)]), tuple(fields)
+                fields.append((name, None, _checker(hint), _plain(hint)))
+        _PLANS[cls] = (frozenset(["protocol", *(name for name, _, _, _ in fields)]),
+                       tuple(fields))
     return _PLANS[cls]
+
+
+_SCALARS: dict[object, frozenset[type]] = {
+    str: frozenset({str}), int: frozenset({int}), float: frozenset({float, int}),
+    bool: frozenset({bool}), bytes: frozenset({bytes}), None: frozenset({type(None)}),
+    type(None): frozenset({type(None)})}
+
+
+def _plain(hint: object) -> frozenset[type]:
+    """The exact types whose values fit ``hint`` with no further look: its scalars (an int
+    for a float; a bool is its own type, so it never passes for an int), and None where it
+    is allowed. A container always goes through its check. Pure."""
+    if get_origin(hint) in (Union, types.UnionType):
+        return frozenset().union(*(_plain(arg) for arg in get_args(hint)))
+    return _SCALARS.get(hint, frozenset())
 
 
 def _hints(cls: type) -> dict[str, object]:

@@ -121,7 +121,7 @@ class EventSink(NullSink):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.clock = clock
         self._file: IO[bytes] | None = open(self.path, "ab")  # noqa: SIM115 (closed in close)
-        self._lines: list[str] = []
+        self._pending: list[Record] = []  # emitted, encoded at the next flush
         self._flushed = clock()
         self._runs = 0
         self._weights: dict[Hashable, int] = {}
@@ -222,22 +222,25 @@ class EventSink(NullSink):
 
     # --- the file -------------------------------------------------------------------------------
     def emit(self, record: Record, *, flush: bool = False) -> None:
-        """Append ``record`` (stamped with the time); written now when ``flush`` or when the
-        last write is older than :data:`FLUSH_S`; nothing once closed."""
+        """Append ``record`` (stamped with the time; not to be changed after); written now
+        when ``flush`` or when the last write is older than :data:`FLUSH_S`; nothing once
+        closed. It is encoded when it is written, with the others pending: one after
+        another while the encoder is in the core's caches (at 256 workers, encoding each
+        record as it came, between results, cost ~3x as much)."""
         if self._file is None:
             return
         now = self.clock()
         record["t"] = round(now, 3)
-        self._lines.append(_encode(record))
+        self._pending.append(record)
         if flush or now - self._flushed >= FLUSH_S:
             self.flush(now)
 
     def flush(self, now: float | None = None) -> None:
         self._flushed = self.clock() if now is None else now
-        if self._file is None or not self._lines:
+        if self._file is None or not self._pending:
             return
-        data = ("\n".join(self._lines) + "\n").encode()
-        self._lines.clear()
+        data = "".join([f"{_encode(record)}\n" for record in self._pending]).encode()
+        self._pending.clear()
         try:
             self._file.write(data)
             self._file.flush()
@@ -247,7 +250,7 @@ class EventSink(NullSink):
     def close(self) -> None:
         file, self._file = self._file, None
         if file is not None:
-            if self._lines:
+            if self._pending:
                 self._file = file
                 self.flush()
                 self._file = None
