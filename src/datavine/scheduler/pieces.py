@@ -30,33 +30,51 @@ _MAX_ITEMS = 64
 
 def task_pieces(node: GraphNode) -> tuple[str, ...]:
     """The pieces the task will read, in argument order, without duplicates."""
-    return tuple(dict.fromkeys(piece_name(logical_name(path), start, stop)
-                               for path, start, stop in _ranges(node)))
+    return _pieces(_ranges(node))
 
 
 class PiecesOf:
-    """Each task's pieces (:func:`task_pieces`), found once per task: placement asks for a
-    bundle's, the planner for a ready task's holder, speculation for a call's, and each
-    look walks the task's arguments."""
+    """Each task's pieces (:func:`task_pieces`) and entries (:func:`task_entries`), its
+    arguments walked once per task: placement asks for a bundle's pieces, the planner for a
+    ready task's holder, speculation for a call's, and the run's order for the entries of
+    every task first."""
 
     def __init__(self, nodes: Mapping[Hashable, GraphNode]) -> None:
         self._nodes = nodes
         self._found: dict[Hashable, tuple[str, ...]] = {}
+        self._ranges: dict[Hashable, list[Range]] = {}  # walked, pieces not asked for yet
 
     def __call__(self, key: Hashable) -> tuple[str, ...]:
         found = self._found.get(key)
         if found is None:
-            found = self._found[key] = task_pieces(self._nodes[key])
+            ranges = self._ranges.pop(key, None)
+            found = self._found[key] = _pieces(_ranges(self._nodes[key]) if ranges is None
+                                               else ranges)
         return found
+
+    def entries(self, key: Hashable) -> int | None:
+        """:func:`task_entries` of the task ``key``; its walk kept for its pieces."""
+        ranges = self._ranges.get(key)
+        if ranges is None:
+            ranges = self._ranges[key] = _ranges(self._nodes[key])
+        return _entries(ranges)
 
 
 def task_entries(node: GraphNode) -> int | None:
     """The number of entries the task's pieces name (None: it names no non-empty range)."""
-    total = sum(stop - start for _, start, stop in set(_ranges(node)) if stop > start)
-    return total or None
+    return _entries(_ranges(node))
 
 
 Range = tuple[str, int, int]  # a path or URL, an entry range
+
+
+def _pieces(ranges: list[Range]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(piece_name(logical_name(path), start, stop)
+                               for path, start, stop in ranges))
+
+
+def _entries(ranges: list[Range]) -> int | None:
+    return sum(stop - start for _, start, stop in set(ranges) if stop > start) or None
 
 
 def _ranges(node: GraphNode) -> list[Range]:

@@ -57,7 +57,7 @@ from datavine.scheduler.learned import Learned
 from datavine.scheduler.lifecycle import InvariantError, Lifecycle, Phase, Reason, Step, tell
 from datavine.scheduler.longest_first import longest_first
 from datavine.scheduler.once import FirstSeen
-from datavine.scheduler.pieces import PiecesOf, task_entries
+from datavine.scheduler.pieces import PiecesOf
 from datavine.scheduler.placement import Placement, placement_off_reason
 from datavine.scheduler.run_copies import BackupCopies, speculate_every
 from datavine.scheduler.run_failures import FailedCalls, shown, task_error
@@ -110,7 +110,7 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
         held_first = cfg.column_cache and cfg.placement is not None
         self.planner = Planner(graph, files=self.files_of, costs=learned.costs,
                                target_s=cfg.target_bundle_s, max_tasks=cfg.max_bundle_tasks,
-                               priority=self._order(graph) if cfg.longest_first else None,
+                               priority=self._order() if cfg.longest_first else None,
                                holder=self._holder, light=self._light,
                                cached_on=self._cached_on if held_first else None,
                                pieces=self.pieces_of, task_costs=learned.hit_saving.costs)
@@ -166,12 +166,11 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
     def results(self) -> dict[Key, Any]:
         return {k: loaded(self.values[k]) for k in self.graph.outputs}
 
-    @staticmethod
-    def _order(graph: graphs.TaskGraph) -> dict[Key, int]:
+    def _order(self) -> dict[Key, int]:
         """dask's order with the larger reads first (:mod:`.longest_first`)."""
-        sizes = {k: n for k, node in graph.nodes.items()
-                 if (n := task_entries(node)) is not None}
-        return longest_first(graph.priority, sizes)
+        entries = self.pieces_of.entries
+        sizes = {k: n for k in self.graph.nodes if (n := entries(k)) is not None}
+        return longest_first(self.graph.priority, sizes)
 
     def handle(self, *events: Event) -> list[Instruction]:
         """Apply ``events`` in order; the instructions they call for, in order. After a
