@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -44,7 +45,7 @@ from datavine.scheduler.labels import ENV_RACK, ENV_WORKER, rack_feature, rack_o
 
 STOP_GRACE_S = 5.0
 LOOPBACK = "127.0.0.1"
-WATCH_S = 0.25  # how often the watch thread looks for workers that exited
+WATCH_S = 0.25  # how often the watch thread looks for workers started since, or that exited
 
 
 def worker_command(cfg: LocalWorkersConfig, port: int, workdir: Path, *,
@@ -153,6 +154,7 @@ class LocalWorkers:
         self._alive: set[str] = set()
         self._stop_watch = threading.Event()
         self._watch: threading.Thread | None = None
+        self._wake: int | None = None  # an eventfd that wakes the watch thread to stop
 
     def start(self, count: int | None = None, features: tuple[str, ...] | None = None) -> None:
         n = self.cfg.workers if count is None else count
@@ -176,17 +178,34 @@ class LocalWorkers:
             log.close()
         if self._watch is None:
             self._stop_watch.clear()
+            self._wake = _eventfd()
             self._watch = threading.Thread(target=self._watch_loop, name="datavine-workers",
                                            daemon=True)
             self._watch.start()
 
     def _watch_loop(self) -> None:
-        """Kill what each exited worker left behind, as soon as it exits (see the module)."""
-        while not self._stop_watch.wait(WATCH_S):
-            for index, proc in enumerate(list(self.procs)):
-                if index not in self.exited and proc.poll() is not None:
-                    self.exited[index] = proc.returncode
-                    kill_session(proc.pid)
+        """Kill what each exited worker left behind, as soon as it exits (see the module).
+        Each worker's exit is a pidfd in one epoll, so the thread sleeps until one exits (or
+        :meth:`stop` wakes it): polling every worker each :data:`WATCH_S` cost the
+        manager's process ~3 ms of CPU a second at 256 workers, and took its caches and
+        its GIL between results. Without pidfds, each worker is polled."""
+        exits = _ExitWatch.open(self._wake)
+        try:
+            while not self._stop_watch.is_set():
+                if exits is None:
+                    if self._stop_watch.wait(WATCH_S):
+                        return
+                    ended = [i for i in range(len(self.procs)) if i not in self.exited]
+                else:
+                    ended = exits.wait(self.procs, WATCH_S)
+                for index in ended:
+                    proc = self.procs[index]
+                    if index not in self.exited and proc.poll() is not None:
+                        self.exited[index] = proc.returncode
+                        kill_session(proc.pid)
+        finally:
+            if exits is not None:
+                exits.close()
 
     def alive(self) -> int:
         return sum(p.poll() is None for p in self.procs)
@@ -212,9 +231,14 @@ class LocalWorkers:
         """Stop every worker: SIGTERM (a worker then stops its libraries), SIGKILL to what is
         left of its session after ``STOP_GRACE_S``; bounded, idempotent."""
         self._stop_watch.set()
-        if self._watch is not None:
-            self._watch.join(timeout=5)
-            self._watch = None
+        if self._wake is not None:
+            os.eventfd_write(self._wake, 1)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.join(timeout=5)
+        if self._wake is not None and (watch is None or not watch.is_alive()):
+            os.close(self._wake)  # a thread that did not end keeps it: never another's fd
+            self._wake = None
         for proc in self.procs:
             _signal_group(proc, signal.SIGTERM)
             _signal_group(proc, signal.SIGCONT)  # a frozen worker acts on it at once
@@ -228,6 +252,68 @@ class LocalWorkers:
             reaper().remove_session(proc.pid)
         self.procs.clear()
         self.exited.clear()
+
+
+def _eventfd() -> int | None:
+    try:
+        return os.eventfd(0, os.EFD_CLOEXEC)
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
+class _ExitWatch:
+    """The workers' exits as pidfds in an epoll (Linux 5.3 on), with ``wake`` (an eventfd
+    that :meth:`LocalWorkers.stop` writes) beside them: one system call a wake, however many
+    workers."""
+
+    def __init__(self, poller: select.epoll, wake: int) -> None:
+        self.poller = poller
+        self.wake = wake
+        self.fds: dict[int, int] = {}  # pidfd -> the worker's index
+        self.watched = 0  # workers 0 .. watched-1 have their pidfd (or had: ended)
+
+    @classmethod
+    def open(cls, wake: int | None) -> _ExitWatch | None:
+        """None where there are no pidfds (then the thread polls each worker)."""
+        if wake is None or not hasattr(os, "pidfd_open"):
+            return None
+        try:
+            poller = select.epoll()
+        except OSError:
+            return None
+        poller.register(wake, select.EPOLLIN)
+        return cls(poller, wake)
+
+    def wait(self, procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int]:
+        """The indexes of the workers that may have exited: watched from now on if they
+        started since the last wait (a worker gone before its pidfd counts as ended), then
+        those whose pidfd says so within ``timeout_s`` (none when woken to stop)."""
+        ended = []
+        while self.watched < len(procs):
+            index = self.watched
+            self.watched += 1
+            try:
+                fd = os.pidfd_open(procs[index].pid)
+            except OSError:  # gone (and reaped) already
+                ended.append(index)
+                continue
+            self.fds[fd] = index
+            self.poller.register(fd, select.EPOLLIN)
+        if ended:
+            return ended
+        for fd, _ in self.poller.poll(timeout_s):
+            if fd == self.wake:
+                continue
+            ended.append(self.fds.pop(fd))
+            self.poller.unregister(fd)
+            os.close(fd)
+        return ended
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+        self.poller.close()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
