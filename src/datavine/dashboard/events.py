@@ -225,8 +225,8 @@ class EventSink(NullSink):
         """Append ``record`` (stamped with the time; not to be changed after); written now
         when ``flush`` or when the last write is older than :data:`FLUSH_S`; nothing once
         closed. It is encoded when it is written, with the others pending: one after
-        another while the encoder is in the core's caches (at 256 workers, encoding each
-        record as it came, between results, cost ~3x as much)."""
+        another, while the encoder is in the core's caches, rather than each between two
+        results (at 256 workers the difference was within the benchmark's noise)."""
         if self._file is None:
             return
         now = self.clock()
