@@ -43,6 +43,13 @@ class FakeFile:
         self.id = next(self.ids)
 
 
+def owned_sandbox(owner: object, prefix: str) -> Path:
+    """A temporary folder for a fake pool's calls, removed when ``owner`` is collected."""
+    sandbox = Path(tempfile.mkdtemp(prefix=prefix))
+    weakref.finalize(owner, shutil.rmtree, sandbox, True)
+    return sandbox
+
+
 def execute_in(sandbox: Path, payload: bytes) -> BundleResult:
     """Run a bundle's payload as the library would, in ``sandbox``; this process's folder is
     the same after (the sandbox goes with its fake pool)."""
@@ -72,8 +79,7 @@ class FakeRuntime:
         self.lost: set[str] = set()  # workers that left, reported at the next refresh
         self.restarts = 0
         self._ids = itertools.count(1)
-        self._sandbox = Path(tempfile.mkdtemp(prefix="datavine-fake-"))
-        weakref.finalize(self, shutil.rmtree, self._sandbox, True)  # its calls' sandboxes
+        self._sandbox = owned_sandbox(self, "datavine-fake-")
 
     # --- what GraphRun reads -------------------------------------------------------------
     def requeued(self, now: float) -> list[int]:

@@ -7,9 +7,7 @@ dropped, delivered, raised; after every event the state must agree with itself
 
 from __future__ import annotations
 
-import shutil
 import tempfile
-import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ from datavine.scheduler.run_messages import (
     Withdraw,
 )
 from datavine.scheduler.run_state import RunState
-from tests.fake_runtime import execute_in
+from tests.fake_runtime import execute_in, owned_sandbox
 
 CFG = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, bundles_per_slot=1,
                 no_worker_timeout_s=30, timeout_s=0)
@@ -82,8 +80,7 @@ class Pool:
         self.out: dict[int, Submit] = {}  # calls submitted, not finished
         self.declared: set[int] = set()
         self.made: dict[int, tuple[str, bytes]] = {}  # temp -> (worker, bytes)
-        self.sandbox = Path(tempfile.mkdtemp(prefix="datavine-state-"))
-        weakref.finalize(self, shutil.rmtree, self.sandbox, True)
+        self.sandbox = owned_sandbox(self, "datavine-state-")
 
     def step(self, *events: Any) -> list[Instruction]:
         """Hand the state ``events``; its lifecycle must agree with the rest of it after."""

@@ -318,8 +318,7 @@ def _plan(cls: type) -> tuple[frozenset[str], tuple[_Field, ...]]:
 
 _SCALARS: dict[object, frozenset[type]] = {
     str: frozenset({str}), int: frozenset({int}), float: frozenset({float, int}),
-    bool: frozenset({bool}), bytes: frozenset({bytes}), None: frozenset({type(None)}),
-    type(None): frozenset({type(None)})}
+    bool: frozenset({bool}), bytes: frozenset({bytes}), type(None): frozenset({type(None)})}
 
 
 def _plain(hint: object) -> frozenset[type]:

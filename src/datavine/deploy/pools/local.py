@@ -65,14 +65,13 @@ class LocalFactoryPool(FactoryPool):
         return self.scratch_dir / "workspaces"
 
     def _prepare(self, scratch: Path) -> FactoryConfig:
-        scratch.mkdir(parents=True, exist_ok=True)
+        (scratch / self.workspaces.name).mkdir(parents=True, exist_ok=True)
         return replace(self.config, scratch_dir=scratch)
 
     def _launch(self, cmd: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         full = dict(os.environ)
         full.update(env)
         full["PATH"] = f"{env['PATH']}{os.pathsep}{os.environ.get('PATH', '')}"
-        self.workspaces.mkdir(parents=True, exist_ok=True)
         full["TMPDIR"] = str(self.workspaces)
         return cmd, full
 
