@@ -31,6 +31,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +58,21 @@ class TimedPort(FakeRuntime):
         self.fake_s = 0.0
         self.pause_s = 0.0
 
-    def submit_bundle(self, *args: Any, **kwargs: Any) -> Any:
+    def _fake(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call``, its CPU time added to ``fake_s``."""
         started = time.thread_time()
         try:
-            return super().submit_bundle(*args, **kwargs)
+            return call(*args, **kwargs)
         finally:
             self.fake_s += time.thread_time() - started
+
+    def submit_bundle(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fake(super().submit_bundle, *args, **kwargs)
 
     def wait(self, timeout_s: int) -> Any:
         if self.pause_s:
             time.sleep(self.pause_s)
-        started = time.thread_time()
-        try:
-            return super().wait(timeout_s)
-        finally:
-            self.fake_s += time.thread_time() - started
+        return self._fake(super().wait, timeout_s)
 
 
 def us_per_bundle(port: TimedPort, tasks: int, run: int, sink: NullSink,

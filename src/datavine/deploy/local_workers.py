@@ -195,7 +195,7 @@ class LocalWorkers:
                 if exits is None:
                     if self._stop_watch.wait(WATCH_S):
                         return
-                    ended = [i for i in range(len(self.procs)) if i not in self.exited]
+                    ended = list(range(len(self.procs)))  # each looked at below
                 else:
                     ended = exits.wait(self.procs, WATCH_S)
                 for index in ended:

@@ -56,16 +56,17 @@ class LocalFactoryPool(FactoryPool):
     """Workers started by ``vine_factory -T local`` on this host."""
 
     batch = "local"
+    WORKSPACES = "workspaces"  # the workers' TMPDIR, in the pool's scratch folder
 
     @property
     def workspaces(self) -> Path:
         """Where the workers make their workspaces (their ``TMPDIR``): the factory stops its
         workers with SIGKILL, which leaves a workspace behind, so the pool removes the
         folder once its workers are gone, rather than leaving it in the host's /tmp."""
-        return self.scratch_dir / "workspaces"
+        return self.scratch_dir / self.WORKSPACES
 
     def _prepare(self, scratch: Path) -> FactoryConfig:
-        (scratch / self.workspaces.name).mkdir(parents=True, exist_ok=True)
+        (scratch / self.WORKSPACES).mkdir(parents=True, exist_ok=True)
         return replace(self.config, scratch_dir=scratch)
 
     def _launch(self, cmd: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
