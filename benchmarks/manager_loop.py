@@ -38,15 +38,14 @@ from typing import Any
 import common
 from workers import make_graph
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests.fake_runtime: the fake port the run-loop tests use
+sys.path.insert(0, str(common.REPO))  # tests.fake_runtime: the fake port the run-loop tests use
 
-from tests.fake_runtime import FakeRuntime  # noqa: E402
+from tests.fake_runtime import FakeRuntime
 
-from datavine.config import RunConfig  # noqa: E402
-from datavine.dashboard.events import NO_SINK, EventSink, NullSink  # noqa: E402
-from datavine.manager.execution import GraphRun  # noqa: E402
-from datavine.scheduler import graph as graphs  # noqa: E402
+from datavine.config import RunConfig
+from datavine.dashboard.events import NO_SINK, EventSink, NullSink
+from datavine.manager.execution import GraphRun
+from datavine.scheduler import graph as graphs
 
 
 class TimedPort(FakeRuntime):
@@ -120,14 +119,10 @@ def main() -> None:
                   + " ".join(f"{x:.0f}" for x in runs) + f" us a bundle (best {best[pause]:.0f})",
                   flush=True)
         sink.close()
-    pairs: dict[str, Any] = {}
+    pairs: dict[str, Any] = {f"us_per_bundle_pause_{p:g}": round(v) for p, v in best.items()}
     warm = best.get(0.0)
-    for pause, value in best.items():
-        pairs[f"us_per_bundle_pause_{pause:g}"] = round(value)
     if warm:
-        for pause, value in best.items():
-            if pause:
-                pairs[f"cold_ratio_{pause:g}"] = round(value / warm, 2)
+        pairs.update({f"cold_ratio_{p:g}": round(v / warm, 2) for p, v in best.items() if p})
     print(common.kv_line(pairs))
 
 
