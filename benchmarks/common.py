@@ -19,6 +19,7 @@ import datetime
 import logging
 import os
 import platform
+import shutil
 import signal
 import sys
 import tempfile
@@ -156,10 +157,40 @@ def quiesce(idle: float = 0.9, window_s: float = 0.5, max_s: float = 15.0) -> fl
     return time.perf_counter() - started
 
 
-def run_dir(prefix: str) -> Path:
-    """A fresh directory for one peer's manager and worker files under runs/benchmarks."""
-    RUNS.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=RUNS))
+def run_dir(prefix: str, root: Path | None = None) -> Path:
+    """A fresh directory for one peer's manager and worker files under ``root`` (None:
+    runs/benchmarks)."""
+    root = root or RUNS
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=root))
+
+
+MEMORY_SCRATCH = Path("/dev/shm")
+
+
+def filesystem_of(path: Path) -> str:
+    """The type of the filesystem ``path`` is on (``tmpfs``, ``ext4``, ...; '' when
+    /proc/mounts does not say): the mount point that is the longest prefix of it."""
+    target, best, kind = path.resolve(), -1, ""
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+    except OSError:
+        return ""
+    for point, fstype in mounts:
+        mount = Path(point.replace("\\040", " "))
+        if (target == mount or mount in target.parents) and len(mount.parts) > best:
+            best, kind = len(mount.parts), fstype
+    return kind
+
+
+def memory_scratch() -> Path | None:
+    """:data:`MEMORY_SCRATCH` when it is a tmpfs this process may write to, else None: where
+    a benchmark's local workers may keep their workspaces off the disk."""
+    if (MEMORY_SCRATCH.is_dir() and os.access(MEMORY_SCRATCH, os.W_OK)
+            and filesystem_of(MEMORY_SCRATCH) == "tmpfs"):
+        return MEMORY_SCRATCH
+    return None
 
 
 def readable_dataset(data: Path, n_files: int, events: int) -> list[Path]:
@@ -211,11 +242,13 @@ def _exit_on_term(signum: int, frame: Any) -> None:
 
 # --- peers -------------------------------------------------------------------------------
 @contextlib.contextmanager
-def daskvine(workers: int, cores: int, *, timeout_s: float = 60.0) -> Iterator[Any]:
+def daskvine(workers: int, cores: int, *, timeout_s: float = 60.0,
+             root: Path | None = None) -> Iterator[Any]:
     """A cctools ``DaskVine`` manager with ``workers`` local ``vine_worker``s connected.
 
     The workers get a fresh password file (a worker without it is rejected) and run this
-    interpreter, as datavine's own local workers do.
+    interpreter, as datavine's own local workers do. The manager's and the workers' files
+    go in a fresh folder under ``root`` (:func:`run_dir`).
     """
     from ndcctools.taskvine import DaskVine
 
@@ -223,7 +256,7 @@ def daskvine(workers: int, cores: int, *, timeout_s: float = 60.0) -> Iterator[A
     from datavine.deploy.local_workers import LocalWorkers
     from datavine.manager.cluster import make_password_file
 
-    where = run_dir("daskvine")
+    where = run_dir("daskvine", root)
     password = make_password_file(where)
     manager = DaskVine(port=0, run_info_path=str(where / "vine-run-info"),
                        staging_path=str(where))
@@ -244,6 +277,8 @@ def daskvine(workers: int, cores: int, *, timeout_s: float = 60.0) -> Iterator[A
     finally:
         pool.stop()
         del manager
+        if root is not None:  # a memory filesystem's: not kept (runs/benchmarks' are, logs)
+            shutil.rmtree(where, ignore_errors=True)
 
 
 def daskvine_get(manager: Any, mode: str, workers_cores: int = 1) -> Callable[..., Any]:

@@ -19,8 +19,22 @@ DaskVine function-calls (``--daskvine-max``) and distributed (``--distributed-ma
 they fit. A count that would not fit in memory (the resident memory of each worker's
 processes at the previous count) is skipped and the reason printed.
 
+Where the cluster's folder goes (``--workspaces``): ``memory`` (the default) puts it, the
+manager's logs and the workers' workspaces, on a tmpfs (``/dev/shm``; Debian's ``/tmp`` is
+one by default since trixie), removed at the end; ``disk`` in the system's temporary
+folder. The 256 workers share this host's 2 cores with the manager being measured, and
+every call makes and removes a sandbox of files on its worker. On this machine's disk
+(ext4 without a journal) each new file first steps over the inodes removed in the last
+minute or more (the kernel's ``recently_deleted``, checked only where there is no
+journal): 35-40% of a worker's and of a library's CPU in the scale test (perf). Alternated,
+8 pairs, the manager's CPU per bundle at 256 workers was 0.40-0.58 ms on the tmpfs against
+0.45-0.81 on the disk, lower in every pair (benchmarks/HISTORY.md, workers, 2026-11-28
+15:54-16:50). At a facility the workers run on other hosts and take none of the manager's
+cores.
+
     .venv/bin/python benchmarks/workers.py [--counts 8 32 128 256] [--sleep 10] [--waves 3]
         [--repeat 3] [--daskvine-max 32] [--distributed-max 32] [--no-speculation]
+        [--workspaces memory|disk]
 
 Last line: ``concurrency_ratio_<largest>=... manager_cpu_per_bundle_growth=...
 decision_us_per_bundle=... workers_lost=... largest=...``.
@@ -30,10 +44,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import resource
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -204,17 +221,30 @@ def timed_waits() -> Iterator[list[float]]:
 
 
 def run_datavine(n: int, sleep: float, waves: int, repeat: int,
-                 speculation: bool = True) -> Run:
+                 speculation: bool = True, root: Path | None = None) -> Run:
     """``repeat`` runs on one cluster; the best (least manager CPU per bundle) counts, the
-    others are in the note (the machine is shared: load moves the figures)."""
+    others are in the note (the machine is shared: load moves the figures). ``root``: where
+    the cluster's folder goes, removed at the end (None: the cluster's own, in the system's
+    temporary folder)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"workers-{n}-", dir=root)) if root else None
+    try:
+        return _run_datavine(n, sleep, waves, repeat, speculation, folder)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_datavine(n: int, sleep: float, waves: int, repeat: int, speculation: bool,
+                  folder: Path | None) -> Run:
     import datavine
-    from datavine.config import RunConfig
+    from datavine.config import ManagerConfig, RunConfig
 
     before = mem_available_mb()
     started = time.perf_counter()
     run_cfg = RunConfig(memory=None, no_worker_timeout_s=300, speculation=speculation)
+    manager = ManagerConfig(run_dir=folder) if folder is not None else None
     runs = []
-    with datavine.LocalCluster(workers=n, cores=1, run=run_cfg,
+    with datavine.LocalCluster(workers=n, cores=1, run=run_cfg, manager=manager,
                                connect_timeout_s=900) as cluster:
         start_s = time.perf_counter() - started
         per_worker = (before - mem_available_mb()) / n
@@ -264,10 +294,10 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int,
     return best
 
 
-def run_daskvine(n: int, sleep: float, waves: int) -> Run:
+def run_daskvine(n: int, sleep: float, waves: int, root: Path | None = None) -> Run:
     before = mem_available_mb()
     started = time.perf_counter()
-    with common.daskvine(n, 1, timeout_s=600) as manager:
+    with common.daskvine(n, 1, timeout_s=600, root=root) as manager:
         start_s = time.perf_counter() - started
         graph = make_graph(waves * n, sleep)
         get = common.daskvine_get(manager, "function-calls")
@@ -319,6 +349,19 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def workspaces_root(choice: str) -> Path | None:
+    """The folder the clusters' folders go in for ``--workspaces`` (None: each cluster's
+    default, the system's temporary folder); ``memory`` without a tmpfs says so and falls
+    back to that."""
+    if choice == "disk":
+        return None
+    root = common.memory_scratch()
+    if root is None:
+        print(f"# --workspaces memory: {common.MEMORY_SCRATCH} is not a writable tmpfs here; "
+              "the workspaces go in the system's temporary folder", flush=True)
+    return root
+
+
 def fits(n: int, mb_per_worker: float, margin: float = 0.75) -> tuple[bool, str]:
     need, have = n * mb_per_worker, mem_available_mb()
     ok = need <= margin * have
@@ -338,9 +381,16 @@ def main(argv: list[str] | None = None) -> int:
                              "what looking for them costs the manager)")
     parser.add_argument("--daskvine-max", type=int, default=32)
     parser.add_argument("--distributed-max", type=int, default=32)
+    parser.add_argument("--workspaces", choices=("memory", "disk"), default="memory",
+                        help="where the workers' workspaces go: a tmpfs (/dev/shm; the "
+                             "default) or the system's temporary folder (see the docstring)")
     args = parser.parse_args(argv)
     common.setup()
     print(f"# {common.machine_info()}", flush=True)
+    root = workspaces_root(args.workspaces)
+    where = root or Path(tempfile.gettempdir())
+    print(f"# workspaces: {where} ({common.filesystem_of(where) or 'filesystem unknown'})",
+          flush=True)
     runs: list[Run] = []
     mb_per_worker = 0.0
     for n in sorted(args.counts):
@@ -349,17 +399,21 @@ def main(argv: list[str] | None = None) -> int:
             if not ok:
                 print(f"# skipped {n} workers: {why}", flush=True)
                 continue
-        run = run_datavine(n, args.sleep, args.waves, args.repeat, args.speculation)
+        run = run_datavine(n, args.sleep, args.waves, args.repeat, args.speculation, root)
         mb_per_worker = max(mb_per_worker, run.extra.get("rss_per_worker_mb", run.mb_per_worker))
         runs.append(run)
         print(f"# datavine {n}: {run.wall_s:.2f} s, ratio {run.concurrency_ratio:.3f}, "
               f"{1e3 * run.cpu_s / max(run.bundles, 1):.2f} ms CPU per bundle "
               f"(load {common.machine_info().split('load=')[1].split(']')[0]}])", flush=True)
-        for peer, limit, fn in (("daskvine", args.daskvine_max, run_daskvine),
-                                ("distributed", args.distributed_max, run_distributed)):
+        others: tuple[tuple[str, int, Callable[[], Run]], ...] = (
+            ("daskvine", args.daskvine_max,
+             functools.partial(run_daskvine, n, args.sleep, args.waves, root)),
+            ("distributed", args.distributed_max,
+             functools.partial(run_distributed, n, args.sleep, args.waves)))
+        for peer, limit, fn in others:
             if n <= limit:
                 try:
-                    runs.append(fn(n, args.sleep, args.waves))
+                    runs.append(fn())
                 except Exception as exc:  # a peer that fails is reported, not fatal
                     print(f"# {peer} {n}: failed: {type(exc).__name__}: {exc}", flush=True)
     print(table(runs))

@@ -1,0 +1,57 @@
+"""``benchmarks/workers.py``'s workspaces: where a cluster's folder goes (``--workspaces``), that
+the benchmark says so, and that a folder on the memory filesystem is gone after the run (no
+timing asserted: the figures are the host's)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import common  # noqa: E402  (the benchmarks' shared module, from their folder)
+
+
+def test_the_filesystem_of_a_path_is_its_longest_mount() -> None:
+    assert common.filesystem_of(Path("/proc")) == "proc"
+    assert common.filesystem_of(Path("/proc/self/status")) == "proc"  # below a mount point
+    assert common.filesystem_of(Path("/")) != ""
+
+
+def test_memory_scratch_is_a_tmpfs_or_none() -> None:
+    scratch = common.memory_scratch()
+    tmpfs = common.filesystem_of(common.MEMORY_SCRATCH) == "tmpfs"
+    assert scratch == (common.MEMORY_SCRATCH if tmpfs else None)
+
+
+def _leftovers(root: Path) -> set[str]:
+    return {p.name for p in root.glob("workers-2-*")}
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_the_benchmark_names_its_workspaces_and_leaves_no_folder(where: str) -> None:
+    scratch = common.memory_scratch()
+    if where == "memory" and scratch is None:
+        pytest.skip(f"{common.MEMORY_SCRATCH} is not a writable tmpfs here")
+    before = _leftovers(scratch) if scratch is not None else set()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "workers.py"), "--counts", "2", "--sleep",
+         "0.2", "--waves", "1", "--repeat", "1", "--daskvine-max", "0", "--distributed-max",
+         "0", "--workspaces", where],
+        capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    named = [line for line in done.stdout.splitlines() if line.startswith("# workspaces: ")]
+    assert len(named) == 1
+    if where == "memory":
+        assert named[0] == f"# workspaces: {scratch} (tmpfs)"
+    else:  # the system's temporary folder, as this process sees it
+        assert named[0].startswith(f"# workspaces: {tempfile.gettempdir()} (")
+    pairs = dict(item.split("=") for item in done.stdout.strip().splitlines()[-1].split())
+    assert pairs["largest"] == "2" and pairs["workers_lost"] == "0"
+    if scratch is not None:  # the run's folder there (memory) is removed; none is made (disk)
+        assert _leftovers(scratch) == before
