@@ -19,7 +19,6 @@ import datetime
 import logging
 import os
 import platform
-import shutil
 import signal
 import sys
 import tempfile
@@ -248,7 +247,7 @@ def daskvine(workers: int, cores: int, *, timeout_s: float = 60.0,
 
     The workers get a fresh password file (a worker without it is rejected) and run this
     interpreter, as datavine's own local workers do. The manager's and the workers' files
-    go in a fresh folder under ``root`` (:func:`run_dir`).
+    go in a fresh folder under ``root`` (:func:`run_dir`), kept.
     """
     from ndcctools.taskvine import DaskVine
 
@@ -276,9 +275,10 @@ def daskvine(workers: int, cores: int, *, timeout_s: float = 60.0,
         yield manager
     finally:
         pool.stop()
+        # ended now, as its __del__ would (idempotent): it writes its last log into ``where``
+        # here, not whenever the collector finds it (at exit, after a caller removed that)
+        manager._free()
         del manager
-        if root is not None:  # a memory filesystem's: not kept (runs/benchmarks' are, logs)
-            shutil.rmtree(where, ignore_errors=True)
 
 
 def daskvine_get(manager: Any, mode: str, workers_cores: int = 1) -> Callable[..., Any]:

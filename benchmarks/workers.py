@@ -387,10 +387,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     common.setup()
     print(f"# {common.machine_info()}", flush=True)
-    root = workspaces_root(args.workspaces)
-    where = root or Path(tempfile.gettempdir())
+    memory = workspaces_root(args.workspaces)
+    where = memory or Path(tempfile.gettempdir())
     print(f"# workspaces: {where} ({common.filesystem_of(where) or 'filesystem unknown'})",
           flush=True)
+    # one folder for the whole benchmark there (each peer's cluster in its own), removed at
+    # the end
+    root = Path(tempfile.mkdtemp(prefix="workers-bench-", dir=memory)) if memory else None
+    try:
+        return _main(args, root)
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _main(args: argparse.Namespace, root: Path | None) -> int:
     runs: list[Run] = []
     mb_per_worker = 0.0
     for n in sorted(args.counts):

@@ -1,6 +1,7 @@
-"""``benchmarks/workers.py``'s workspaces: where a cluster's folder goes (``--workspaces``), that
-the benchmark says so, and that a folder on the memory filesystem is gone after the run (no
-timing asserted: the figures are the host's)."""
+"""``benchmarks/workers.py``'s workspaces: where the clusters' folders go (``--workspaces``), that
+the benchmark says so, and that its folder on the memory filesystem is gone after the run,
+with datavine's and DaskVine's clusters in it (no timing asserted: the figures are the
+host's)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_memory_scratch_is_a_tmpfs_or_none() -> None:
 
 
 def _leftovers(root: Path) -> set[str]:
-    return {p.name for p in root.glob("workers-2-*")}
+    return {p.name for p in root.glob("workers-bench-*")}
 
 
 @pytest.mark.parametrize("where", ["memory", "disk"])
@@ -41,7 +42,7 @@ def test_the_benchmark_names_its_workspaces_and_leaves_no_folder(where: str) -> 
     before = _leftovers(scratch) if scratch is not None else set()
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "workers.py"), "--counts", "2", "--sleep",
-         "0.2", "--waves", "1", "--repeat", "1", "--daskvine-max", "0", "--distributed-max",
+         "0.2", "--waves", "1", "--repeat", "1", "--daskvine-max", "2", "--distributed-max",
          "0", "--workspaces", where],
         capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -53,5 +54,7 @@ def test_the_benchmark_names_its_workspaces_and_leaves_no_folder(where: str) -> 
         assert named[0].startswith(f"# workspaces: {tempfile.gettempdir()} (")
     pairs = dict(item.split("=") for item in done.stdout.strip().splitlines()[-1].split())
     assert pairs["largest"] == "2" and pairs["workers_lost"] == "0"
+    assert "daskvine_fc_concurrency_ratio_2" in pairs  # the peer ran in the same folder
+    assert "Could not open" not in done.stderr  # its manager's last log found its folder
     if scratch is not None:  # the run's folder there (memory) is removed; none is made (disk)
         assert _leftovers(scratch) == before
