@@ -27,10 +27,11 @@ every call makes and removes a sandbox of files on its worker. On this machine's
 (ext4 without a journal) each new file first steps over the inodes removed in the last
 minute or more (the kernel's ``recently_deleted``, checked only where there is no
 journal): 35-40% of a worker's and of a library's CPU in the scale test (perf). Alternated,
-8 pairs, the manager's CPU per bundle at 256 workers was 0.40-0.58 ms on the tmpfs against
-0.45-0.81 on the disk, lower in every pair (benchmarks/HISTORY.md, workers, 2026-11-28
-15:54-16:50). At a facility the workers run on other hosts and take none of the manager's
-cores.
+8 pairs of ``--counts 256 --repeat 2``, the manager's CPU per bundle at 256 workers was
+0.40-0.58 ms on the tmpfs against 0.45-0.81 on the disk, lower in every pair; 2 pairs of
+``--counts 8 256``, one each way (benchmarks/HISTORY.md, workers, 2026-11-28 15:54-17:21;
+what part of the folder does it is not isolated). At a facility the workers run on other
+hosts and take none of the manager's cores.
 
     .venv/bin/python benchmarks/workers.py [--counts 8 32 128 256] [--sleep 10] [--waves 3]
         [--repeat 3] [--daskvine-max 32] [--distributed-max 32] [--no-speculation]
