@@ -19,23 +19,24 @@ DaskVine function-calls (``--daskvine-max``) and distributed (``--distributed-ma
 they fit. A count that would not fit in memory (the resident memory of each worker's
 processes at the previous count) is skipped and the reason printed.
 
-Where the cluster's folder goes (``--workspaces``): ``memory`` (the default) puts it, the
-manager's logs and the workers' workspaces, on a tmpfs (``/dev/shm``; Debian's ``/tmp`` is
-one by default since trixie), removed at the end; ``disk`` in the system's temporary
-folder. The 256 workers share this host's 2 cores with the manager being measured, and
-every call makes and removes a sandbox of files on its worker. On this machine's disk
-(ext4 without a journal) each new file first steps over the inodes removed in the last
-minute or more (the kernel's ``recently_deleted``, checked only where there is no
-journal): 35-40% of a worker's and of a library's CPU in the scale test (perf). Alternated,
-8 pairs of ``--counts 256 --repeat 2``, the manager's CPU per bundle at 256 workers was
-0.40-0.58 ms on the tmpfs against 0.45-0.81 on the disk, lower in every pair; 2 pairs of
-``--counts 8 256``, one each way (benchmarks/HISTORY.md, workers, 2026-11-28 15:54-17:21;
-what part of the folder does it is not isolated). At a facility the workers run on other
-hosts and take none of the manager's cores.
+Where the clusters' folders go (``--workspaces``): ``disk`` (the default, where every
+recorded figure before 2026-11-28 16:41 ran) keeps each in the system's temporary folder;
+``memory`` puts the benchmark's folder, with the manager's logs and the workers'
+workspaces, on a tmpfs (``/dev/shm``; Debian's ``/tmp`` is one by default since trixie),
+removed at the end. The 256 workers share this host's 2 cores with the manager being
+measured, and every call makes and removes a sandbox of files on its worker. On this
+machine's disk (ext4 without a journal) each new file first steps over the inodes removed in
+the last minute or more (the kernel's ``recently_deleted``, checked only where there is no
+journal): 35-40% of a worker's and of a library's CPU in the scale test (perf). Whether that
+moves the manager's figure is not settled (benchmarks/HISTORY.md, workers, 2026-11-28
+15:54-17:51): lower on the tmpfs in 8 alternated pairs of ``--counts 256 --repeat 2`` in one
+hour (0.40-0.58 ms against 0.45-0.81), then higher in 2 of the next 3 pairs; which part of
+the folder would do it is not isolated. At a facility the workers run on other hosts and
+take none of the manager's cores.
 
     .venv/bin/python benchmarks/workers.py [--counts 8 32 128 256] [--sleep 10] [--waves 3]
         [--repeat 3] [--daskvine-max 32] [--distributed-max 32] [--no-speculation]
-        [--workspaces memory|disk]
+        [--workspaces disk|memory]
 
 Last line: ``concurrency_ratio_<largest>=... manager_cpu_per_bundle_growth=...
 decision_us_per_bundle=... workers_lost=... largest=...``.
@@ -382,9 +383,9 @@ def main(argv: list[str] | None = None) -> int:
                              "what looking for them costs the manager)")
     parser.add_argument("--daskvine-max", type=int, default=32)
     parser.add_argument("--distributed-max", type=int, default=32)
-    parser.add_argument("--workspaces", choices=("memory", "disk"), default="memory",
-                        help="where the workers' workspaces go: a tmpfs (/dev/shm; the "
-                             "default) or the system's temporary folder (see the docstring)")
+    parser.add_argument("--workspaces", choices=("memory", "disk"), default="disk",
+                        help="where the clusters' folders go: the system's temporary folder "
+                             "(the default) or a tmpfs (/dev/shm; see the docstring)")
     args = parser.parse_args(argv)
     common.setup()
     print(f"# {common.machine_info()}", flush=True)
