@@ -225,26 +225,16 @@ def timed_waits() -> Iterator[list[float]]:
 def run_datavine(n: int, sleep: float, waves: int, repeat: int,
                  speculation: bool = True, root: Path | None = None) -> Run:
     """``repeat`` runs on one cluster; the best (least manager CPU per bundle) counts, the
-    others are in the note (the machine is shared: load moves the figures). ``root``: where
-    the cluster's folder goes, removed at the end (None: the cluster's own, in the system's
-    temporary folder)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"workers-{n}-", dir=root)) if root else None
-    try:
-        return _run_datavine(n, sleep, waves, repeat, speculation, folder)
-    finally:
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _run_datavine(n: int, sleep: float, waves: int, repeat: int, speculation: bool,
-                  folder: Path | None) -> Run:
+    others are in the note (the machine is shared: load moves the figures). ``root``: the
+    folder the cluster's own goes in (:func:`common.run_dir`; None: the cluster makes and
+    removes its own, in the system's temporary folder)."""
     import datavine
     from datavine.config import ManagerConfig, RunConfig
 
     before = mem_available_mb()
     started = time.perf_counter()
     run_cfg = RunConfig(memory=None, no_worker_timeout_s=300, speculation=speculation)
-    manager = ManagerConfig(run_dir=folder) if folder is not None else None
+    manager = ManagerConfig(run_dir=common.run_dir("datavine", root)) if root else None
     runs = []
     with datavine.LocalCluster(workers=n, cores=1, run=run_cfg, manager=manager,
                                connect_timeout_s=900) as cluster:
@@ -394,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# workspaces: {where} ({common.filesystem_of(where) or 'filesystem unknown'})",
           flush=True)
     # one folder for the whole benchmark there (each peer's cluster in its own), removed at
-    # the end
+    # the end, when every peer's manager has let go of its files
     root = Path(tempfile.mkdtemp(prefix="workers-bench-", dir=memory)) if memory else None
     try:
         return _main(args, root)
