@@ -44,19 +44,26 @@ manager on a 25 Gbps NIC (:meth:`FacilitySpec.hllhc`); files of 250k events at 2
 (10 core-second bundles) and 450 B/event, 900 Gbps of demand, ~200 TB in 30 minutes
 (:meth:`Workload.hllhc`). The manager's core is a resource that saturates: every bundle
 costs it ``--manager-ms-per-bundle`` of CPU (half to send the call, half to take its
-result; default the figure ``benchmarks/workers.py`` measured at 256 workers), and every
-call and result crosses its NIC. The model simulates a warm-up and ``--window-s`` seconds
+result; default the CPU per bundle beyond the loop's housekeeping that
+``benchmarks/workers.py`` measured at 256 workers), and every call and result crosses its
+NIC. The loop's housekeeping, ``--manager-ms-per-s`` of CPU a second at 256 workers (the
+pool looked at once a second, TaskVine's polls), is added to the manager cores needed,
+scaled linearly with the facility's workers (it grows less than that: 0.84 ms a second at 8
+workers, 1.82 at 256); at that share of a core (~0.003) it is left out of the manager's
+saturation. The model simulates a warm-up and ``--window-s`` seconds
 of the run and measures the window (a steady state; the whole 30 minutes would be ~1.8M
 bundles of datavine's own decisions; the warm-up, unless ``--warmup-s``, is
 :func:`datavine.apps.sim.steady.warmup_for`'s: 30 s, or longer when the manager needs longer
 for the calls submitted at the start), once at that cost and once at
 ``--target-ms-per-bundle`` (the issue's target).
 
-    .venv/bin/python benchmarks/facility_model.py --hllhc [--manager-ms-per-bundle 0.82]
-        [--target-ms-per-bundle 1.0] [--window-s 60] [--warmup-s SECONDS]
+    .venv/bin/python benchmarks/facility_model.py --hllhc [--manager-ms-per-bundle 0.41]
+        [--manager-ms-per-s 1.82] [--target-ms-per-bundle 0.5] [--window-s 60]
+        [--warmup-s SECONDS]
 
 Last line: ``gbps_hllhc=... limited_by=... manager_cores_hllhc=...
-manager_nic_share_hllhc=... link_utilisation_hllhc=...`` (at ``--manager-ms-per-bundle``).
+manager_housekeeping_cores_hllhc=... manager_nic_share_hllhc=... link_utilisation_hllhc=...``
+(at ``--manager-ms-per-bundle``; ``manager_cores_hllhc`` includes the housekeeping).
 """
 
 from __future__ import annotations
@@ -80,12 +87,16 @@ from datavine.apps.sim.calibration import (
 from datavine.apps.sim.plot import plot_runs
 from datavine.apps.sim.steady import SteadyState, steady_state
 
-# manager CPU per bundle at 256 workers, benchmarks/README.md's "## workers": the highest of
-# 0.46, 0.55 and 0.48 (`workers.py --counts 8 256`, 2026-11-28 14:24-15:24, a fresh machine;
-# 0.59 on 2026-11-27 09:39 after TaskVine patch 0027 and keep-alives half as often, 0.70 the
-# same morning before them, 0.57 at 06:20 after patches 0022-0026; 0.82 on 2026-11-26 09:05,
-# 1.47 that morning, 3.19 on 2026-11-25 after patch 0003, 4.47 before)
-MEASURED_MANAGER_MS = 0.55
+# the manager's CPU at 256 workers (benchmarks/README.md's "## workers"), in two parts: per
+# bundle beyond the loop's housekeeping (`marginal_cpu_ms_per_bundle_256`), and the loop's own
+# per second with nothing to do (`housekeeping_ms_per_s_256`: the pool looked at once a
+# second, TaskVine's polls). Until 2026-11-28 the model charged the all-in figure per bundle
+# (`cpu_ms_per_bundle_256`, 0.55 ms: the highest of 0.46, 0.55 and 0.48 at 14:24-15:24; 0.82
+# on 2026-11-26, 4.47 on 2026-11-25 before patch 0003), which counts the housekeeping of the
+# benchmark's ~25 bundles a second once per bundle, ~40 times over at the HL-LHC's ~1,100.
+MEASURED_MANAGER_MS = 0.41
+MEASURED_HOUSEKEEPING_MS_PER_S = 1.82
+MEASURED_WORKERS = 256  # the workers those two were measured at
 TARGET_MANAGER_MS = 0.5  # issue 29's target (issue 21's was 1.0)
 
 
@@ -169,11 +180,19 @@ def hllhc_runs(costs_ms: list[float], window_s: float, warmup_s: float | None
     return out
 
 
-def hllhc_table(runs: list[tuple[float, SteadyState, float]]) -> str:
+def housekeeping_cores(ms_per_s: float, facility: FacilitySpec) -> float:
+    """The manager's cores the loop's housekeeping takes at ``facility``: ``ms_per_s`` (CPU
+    milliseconds a second at :data:`MEASURED_WORKERS` workers), scaled by its workers."""
+    return ms_per_s / 1e3 * len(facility.workers()) / MEASURED_WORKERS
+
+
+def hllhc_table(runs: list[tuple[float, SteadyState, float]], housekeeping: float) -> str:
+    """``housekeeping``: the cores the loop's housekeeping takes, added to each row's."""
     lines = ["| manager ms per bundle | window s | Gbps | limited by | manager busy | "
-             "manager cores needed | manager NIC Gbps | NIC / data | inter-rack link | "
+             "manager cores for bundles | + housekeeping | manager cores needed | "
+             "manager NIC Gbps | NIC / data | inter-rack link | "
              "busiest XCache | cores taken | files/s | 200 TB in | sim s |",
-             "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for ms, st, secs in runs:
         w = st.window
         span = w.t_to - w.t_from
@@ -181,7 +200,9 @@ def hllhc_table(runs: list[tuple[float, SteadyState, float]]) -> str:
         lines.append(
             f"| {ms:g} | {w.t_from:.0f}-{w.t_to:.0f} | {st.gbps:.0f} | {st.limited_by} | "
             f"{100 * w.manager_busy:.1f}% | "
-            f"{st.manager_cores:.2f} | {st.nic_gbps:.2f} | {100 * st.nic_share:.3f}% | "
+            f"{st.manager_cores:.3f} | {housekeeping:.3f} | "
+            f"{st.manager_cores + housekeeping:.2f} | "
+            f"{st.nic_gbps:.2f} | {100 * st.nic_share:.3f}% | "
             f"{100 * w.link_utilisation:.1f}% | {100 * w.shard_utilisation:.0f}% | "
             f"{100 * w.cores_busy:.0f}% | {files:.0f} | "
             f"{200e12 * 8 / (st.gbps * 1e9) / 60:.0f} min | {secs:.0f} |")
@@ -193,9 +214,11 @@ def _completed(st: SteadyState, t_from: float, t_to: float) -> int:
     return sum(1 for t in st.result.file_done_s if t_from <= t < t_to)
 
 
-def hllhc_pairs(st: SteadyState, suffix: str = "_hllhc") -> dict[str, Any]:
+def hllhc_pairs(st: SteadyState, housekeeping: float, suffix: str = "_hllhc"
+                ) -> dict[str, Any]:
     return {f"gbps{suffix}": round(st.gbps, 1), "limited_by": st.limited_by,
-            f"manager_cores{suffix}": round(st.manager_cores, 3),
+            f"manager_cores{suffix}": round(st.manager_cores + housekeeping, 3),
+            f"manager_housekeeping_cores{suffix}": round(housekeeping, 4),
             f"manager_nic_share{suffix}": round(st.nic_share, 5),
             f"link_utilisation{suffix}": round(st.link_utilisation, 4)}
 
@@ -213,11 +236,14 @@ def hllhc_main(args: argparse.Namespace) -> int:
     if args.target_ms_per_bundle != args.manager_ms_per_bundle:
         costs.append(args.target_ms_per_bundle)
     runs = hllhc_runs(costs, args.window_s, args.warmup_s)
-    print(f"# demand {runs[0][1].demand_gbps:.0f} Gbps")
-    print(hllhc_table(runs))
+    housekeeping = housekeeping_cores(args.manager_ms_per_s, facility)
+    print(f"# demand {runs[0][1].demand_gbps:.0f} Gbps; the loop's housekeeping "
+          f"{args.manager_ms_per_s:g} ms a second at {MEASURED_WORKERS} workers, "
+          f"{housekeeping:.4f} cores at {len(facility.workers())}")
+    print(hllhc_table(runs, housekeeping))
     for ms, st, _ in runs[1:]:
-        print(f"# at {ms:g} ms per bundle: {common.kv_line(hllhc_pairs(st))}")
-    print(common.kv_line(hllhc_pairs(runs[0][1])))
+        print(f"# at {ms:g} ms per bundle: {common.kv_line(hllhc_pairs(st, housekeeping))}")
+    print(common.kv_line(hllhc_pairs(runs[0][1], housekeeping)))
     return 0
 
 
@@ -242,8 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hllhc", action="store_true",
                         help="the HL-LHC target's steady state instead of parts 1-3")
     parser.add_argument("--manager-ms-per-bundle", type=float, default=MEASURED_MANAGER_MS,
-                        help="manager CPU per bundle (ms) for --hllhc (default: measured at "
-                             "256 workers, benchmarks/README.md, workers)")
+                        help="manager CPU per bundle (ms) for --hllhc, beyond the loop's "
+                             "housekeeping (default: measured at 256 workers, "
+                             "benchmarks/README.md, workers)")
+    parser.add_argument("--manager-ms-per-s", type=float,
+                        default=MEASURED_HOUSEKEEPING_MS_PER_S,
+                        help="--hllhc: the loop's housekeeping, CPU ms a second at 256 workers "
+                             "(scaled to the facility's workers)")
     parser.add_argument("--target-ms-per-bundle", type=float, default=TARGET_MANAGER_MS,
                         help="a second --hllhc run at this cost (the issue's target)")
     parser.add_argument("--window-s", type=float, default=60.0,

@@ -14,32 +14,37 @@ the first instant), manager CPU seconds per bundle (the thread that runs TaskVin
 and datavine's loop; the whole process's is in the note), the scheduler's own decision
 time per bundle (datavine's planner, placement and caps, timed by wrapping those calls),
 manager RSS, memory per worker (drop of MemAvailable over the cluster's start / N), and
-workers lost. The same graph runs on
-DaskVine function-calls (``--daskvine-max``) and distributed (``--distributed-max``) where
-they fit. A count that would not fit in memory (the resident memory of each worker's
-processes at the previous count) is skipped and the reason printed.
+workers lost. Beside the manager's CPU, what shares its cores here: the CPU of the workers'
+own processes per bundle (each local worker's session: the ``vine_worker``, its library,
+their children; from /proc) and the share of the host's cores busy over the run. The same
+graph runs on DaskVine function-calls (``--daskvine-max``) and distributed
+(``--distributed-max``) where they fit. A count that would not fit in memory (the resident
+memory of each worker's processes at the previous count) is skipped and the reason printed.
 
-Where the clusters' folders go (``--workspaces``): ``disk`` (the default, where every
-recorded figure before 2026-11-28 16:41 ran) keeps each in the system's temporary folder;
-``memory`` puts the benchmark's folder, with the manager's logs and the workers'
-workspaces, on a tmpfs (``/dev/shm``; Debian's ``/tmp`` is one by default since trixie),
-removed at the end. The 256 workers share this host's 2 cores with the manager being
+Where the clusters' folders go (``--workspaces``): ``memory`` (the default since 2026-11-28
+19:40, and from 16:41 to 17:51 that day) puts the benchmark's folder, with the manager's logs
+and the workers' workspaces, on a tmpfs (``/dev/shm``; Debian's ``/tmp`` is one by default
+since trixie), removed at the end; without a writable tmpfs it says so and uses ``disk``.
+``disk`` (where every recorded figure before 16:41 ran) keeps each cluster's folder in the
+system's temporary folder. The 256 workers share this host's 2 cores with the manager being
 measured, and every call makes and removes a sandbox of files on its worker. On this
 machine's disk (ext4 without a journal) each new file first steps over the inodes removed in
 the last minute or more (the kernel's ``recently_deleted``, checked only where there is no
-journal): 35-40% of a worker's and of a library's CPU in the scale test (perf). Whether that
-moves the manager's figure is not settled (benchmarks/HISTORY.md, workers, 2026-11-28
-15:54-17:51): lower on the tmpfs in 8 alternated pairs of ``--counts 256 --repeat 2`` in one
-hour (0.40-0.58 ms against 0.45-0.81), then higher in 2 of the next 3 pairs; which part of
-the folder would do it is not isolated. At a facility the workers run on other hosts and
-take none of the manager's cores.
+journal): 35-40% of a worker's and of a library's CPU in the scale test (perf). On the disk
+the host's cores are busier over a run (0.048-0.086 of them against 0.040-0.058 on the tmpfs,
+5 alternated pairs of ``--counts 256 --repeat 2`` at 18:59-19:17; the extra is outside the
+manager and the workers' own processes: the kernel's), and the manager's CPU per bundle is
+higher and spread wider (0.48-0.68 ms against 0.43-0.47, in every pair; 14 of 16 pairs that
+day). At a facility the workers and their disks are on other hosts and take none of the
+manager's cores: the tmpfs is the nearer of the two to that (benchmarks/HISTORY.md, workers).
 
     .venv/bin/python benchmarks/workers.py [--counts 8 32 128 256] [--sleep 10] [--waves 3]
         [--repeat 3] [--daskvine-max 32] [--distributed-max 32] [--no-speculation]
-        [--workspaces disk|memory]
+        [--workspaces memory|disk]
 
 Last line: ``concurrency_ratio_<largest>=... manager_cpu_per_bundle_growth=...
-decision_us_per_bundle=... workers_lost=... largest=...``.
+decision_us_per_bundle=... workers_lost=... largest=...`` and, per count,
+``cpu_ms_per_bundle_<N>=... workers_cpu_ms_per_bundle_<N>=... host_busy_<N>=...``.
 """
 
 from __future__ import annotations
@@ -149,6 +154,32 @@ def sessions_rss_mb(sessions: set[int]) -> float:
     return total
 
 
+def sessions_cpu_s(sessions: set[int]) -> float:
+    """CPU seconds (user and system, with those of reaped children) of every process in the
+    sessions ``sessions`` (a local worker's session: the ``vine_worker``, its library and
+    their children), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        # after comm: state ppid pgrp session ... utime(12) stime cutime cstime (1-based 14-17)
+        if int(fields[3]) in sessions:
+            total += sum(int(v) for v in fields[11:15])
+    return total / tick
+
+
+def host_cpu() -> tuple[int, int]:
+    """(busy, all) clock ticks of this host's CPUs since boot (/proc/stat: all but idle and
+    iowait is busy)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
 def rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -244,14 +275,17 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int,
         # with everything else on the host: at 8 workers a 0.5 GB swing read as 69 MB each)
         rss_per_worker = sessions_rss_mb(set(cluster._worker_pids().values())) / n
         warm = len(cluster.warm_libraries)
+        sessions = set(cluster._worker_pids().values())
         lost = retries = 0
         for i in range(repeat):
             graph = make_graph(waves * n, sleep, run=i)
             with timed_decisions() as spent, timed_waits() as waited:
+                wcpu0, host0 = sessions_cpu_s(sessions), host_cpu()
                 cpu0, pcpu0, t0 = cpu_s(), process_cpu_s(), time.time()
                 (intervals,) = dask.compute(graph, scheduler=cluster.get)
                 wall, cpu = time.time() - t0, cpu_s() - cpu0
                 pcpu = process_cpu_s() - pcpu0
+                wcpu, host1 = sessions_cpu_s(sessions) - wcpu0, host_cpu()
             summary = cluster.last_summary
             reached, most = busy_profile(intervals, t0, n)
             lost += len(summary.lost_workers)
@@ -261,6 +295,9 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int,
                             decision_s=spent[0], rss_mb=rss_mb(), mb_per_worker=per_worker,
                             extra={"process_cpu_s": pcpu, "load": os.getloadavg()[0],
                                    "taskvine_wait_cpu_s": waited[0],
+                                   "workers_cpu_s": wcpu,
+                                   "host_busy": (host1[0] - host0[0])
+                                   / max(host1[1] - host0[1], 1),
                                    "rss_per_worker_mb": rss_per_worker}))
         # what the loop costs per second with one bundle in flight (housekeeping: the pool
         # sampled once a second, TaskVine's wait polling the workers): at few workers and
@@ -280,7 +317,9 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int,
         f"{r.wall_s:.1f} s / {1e3 * r.cpu_s / r.bundles:.1f} ms (load {r.extra['load']:.0f})"
         for r in runs) + f"; all threads {1e3 * best.extra['process_cpu_s'] / best.bundles:.2f}"
         f" ms CPU per bundle; housekeeping {1e3 * idle_rate:.2f} ms CPU per s, beyond it "
-        f"{1e3 * best.extra['marginal_cpu_s']:.2f} ms per bundle")
+        f"{1e3 * best.extra['marginal_cpu_s']:.2f} ms per bundle; the workers' processes "
+        f"{1e3 * best.extra['workers_cpu_s'] / best.bundles:.2f} ms CPU per bundle, the host's "
+        f"cores busy {best.extra['host_busy']:.3f} of the run")
     best.taskvine_wait_s = best.extra["taskvine_wait_cpu_s"]
     best.extra["ratios"] = [r.concurrency_ratio for r in runs]
     return best
@@ -373,9 +412,9 @@ def main(argv: list[str] | None = None) -> int:
                              "what looking for them costs the manager)")
     parser.add_argument("--daskvine-max", type=int, default=32)
     parser.add_argument("--distributed-max", type=int, default=32)
-    parser.add_argument("--workspaces", choices=("memory", "disk"), default="disk",
-                        help="where the clusters' folders go: the system's temporary folder "
-                             "(the default) or a tmpfs (/dev/shm; see the docstring)")
+    parser.add_argument("--workspaces", choices=("memory", "disk"), default="memory",
+                        help="where the clusters' folders go: a tmpfs (/dev/shm, the "
+                             "default) or the system's temporary folder (see the docstring)")
     args = parser.parse_args(argv)
     common.setup()
     print(f"# {common.machine_info()}", flush=True)
@@ -452,6 +491,10 @@ def _main(args: argparse.Namespace, root: Path | None) -> int:
             1e3 * r.extra["housekeeping_s_per_s"], 2)
         pairs[f"marginal_cpu_ms_per_bundle_{r.workers}"] = round(
             1e3 * r.extra["marginal_cpu_s"], 2)
+        # what the workers' own processes took of the cores the manager shares with them
+        pairs[f"workers_cpu_ms_per_bundle_{r.workers}"] = round(
+            1e3 * r.extra["workers_cpu_s"] / max(r.bundles, 1), 2)
+        pairs[f"host_busy_{r.workers}"] = round(r.extra["host_busy"], 3)
         for name, key in (("daskvine_fc", "DaskVine function-calls"),
                           ("distributed", "distributed")):
             peer = peers.get((key, r.workers))

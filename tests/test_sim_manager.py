@@ -162,3 +162,35 @@ def test_the_hllhc_target_is_900_gbps_of_10_second_bundles() -> None:
 def test_a_steady_state_refuses_an_empty_window() -> None:
     with pytest.raises(ValueError, match="window"):
         steady_state(_facility(), WORK, ManagerCost(), window_s=0.0)
+
+
+def test_the_hllhc_model_adds_the_loops_housekeeping_once_not_per_bundle() -> None:
+    """``benchmarks/facility_model.py --hllhc``: the manager's per-second housekeeping, scaled
+    to the facility's workers, is added to the cores its bundles take, in the table and the
+    last line; a per-bundle cost charges bundles only."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("facility_model_under_test",
+                                                      bench / "facility_model.py")
+        assert spec is not None and spec.loader is not None
+        model = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(model)
+    finally:
+        sys.path.remove(str(bench))
+    hllhc = FacilitySpec.hllhc()
+    assert len(hllhc.workers()) == 400
+    # 1.82 ms a second at 256 workers: 2.84 ms a second at 400
+    assert model.housekeeping_cores(1.82, hllhc) == pytest.approx(1.82e-3 * 400 / 256)
+    assert model.housekeeping_cores(0.0, hllhc) == 0.0
+    st = steady_state(_facility(), WORK, ManagerCost.per_bundle(10.0), window_s=20,
+                      warmup_s=5)
+    pairs = model.hllhc_pairs(st, 0.25)
+    assert pairs["manager_cores_hllhc"] == pytest.approx(st.manager_cores + 0.25, abs=1e-3)
+    assert pairs["manager_housekeeping_cores_hllhc"] == 0.25
+    row = model.hllhc_table([(10.0, st, 1.0)], 0.25).splitlines()[-1].split(" | ")
+    assert row[5:8] == [f"{st.manager_cores:.3f}", "0.250", f"{st.manager_cores + 0.25:.2f}"]
