@@ -32,11 +32,12 @@ machine's disk (ext4 without a journal) each new file first steps over the inode
 the last minute or more (the kernel's ``recently_deleted``, checked only where there is no
 journal): 35-40% of a worker's and of a library's CPU in the scale test (perf). On the disk
 the host's cores are busier over a run (0.048-0.086 of them against 0.040-0.058 on the tmpfs,
-5 alternated pairs of ``--counts 256 --repeat 2`` at 18:59-19:17; the extra is outside the
-manager and the workers' own processes: the kernel's), and the manager's CPU per bundle is
-higher and spread wider (0.48-0.68 ms against 0.43-0.47, in every pair; 14 of 16 pairs that
-day). At a facility the workers and their disks are on other hosts and take none of the
-manager's cores: the tmpfs is the nearer of the two to that (benchmarks/HISTORY.md, workers).
+5 alternated pairs of ``--counts 256 --repeat 2`` at 18:59-19:17; the extra is not
+consistently in the workers' own processes: most likely the kernel's threads'), and the
+manager's CPU per bundle is higher and spread wider (0.48-0.68 ms against 0.43-0.47, in
+every pair; 14 of 16 pairs that day). At a facility the workers and their disks are on
+other hosts and take none of the manager's cores: the tmpfs is the nearer of the two to that
+(benchmarks/HISTORY.md, workers).
 
     .venv/bin/python benchmarks/workers.py [--counts 8 32 128 256] [--sleep 10] [--waves 3]
         [--repeat 3] [--daskvine-max 32] [--distributed-max 32] [--no-speculation]
