@@ -136,22 +136,25 @@ def machine_info() -> str:
             f"load=[{load}] python={platform.python_version()} dask={dask.__version__}")
 
 
+def host_cpu() -> tuple[int, int]:
+    """(busy, all) clock ticks of this host's CPUs since boot (/proc/stat: all but idle and
+    iowait is busy)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
 def quiesce(idle: float = 0.9, window_s: float = 0.5, max_s: float = 15.0) -> float:
     """Wait until this machine's CPUs are at least ``idle`` idle over a ``window_s`` window
     (the run before may still be writing its caches out, or its servers settling), at most
     ``max_s``; returns the seconds waited. Then the next run's clock does not pay for the
     last one's tail, whichever ran first."""
-    def times() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
-
     started = time.perf_counter()
     while time.perf_counter() - started < max_s:
-        idle0, total0 = times()
+        busy0, total0 = host_cpu()
         time.sleep(window_s)
-        idle1, total1 = times()
-        if total1 > total0 and (idle1 - idle0) / (total1 - total0) >= idle:
+        busy1, total1 = host_cpu()
+        if total1 > total0 and 1 - (busy1 - busy0) / (total1 - total0) >= idle:
             break
     return time.perf_counter() - started
 

@@ -136,49 +136,40 @@ def mem_available_mb() -> float:
     return 0.0
 
 
-def sessions_rss_mb(sessions: set[int]) -> float:
-    """Resident memory of every process in the sessions ``sessions`` (a local worker leads a
-    session of its own, with its library and their children), from /proc."""
-    page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
-    total = 0.0
+def _in_sessions(sessions: set[int]) -> Iterator[tuple[Path, list[str]]]:
+    """(its /proc folder, the fields of its ``stat`` after the command's name) of every
+    process in the sessions ``sessions`` (a local worker leads a session of its own, with its
+    library and their children); a process gone meanwhile is left out."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-            resident = int((entry / "statm").read_text().split()[1])
+            # pid (comm) state ppid pgrp session ...: comm may hold spaces, so after its ')'
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[3]) in sessions:
+            yield entry, fields
+
+
+def sessions_rss_mb(sessions: set[int]) -> float:
+    """Resident memory of every process in the sessions ``sessions``, from /proc."""
+    page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+    total = 0.0
+    for entry, _ in _in_sessions(sessions):
+        try:
+            total += int((entry / "statm").read_text().split()[1]) * page_mb
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        # pid (comm) state ppid pgrp session ...: comm may hold spaces, so after its ')'
-        if int(stat.rpartition(")")[2].split()[3]) in sessions:
-            total += resident * page_mb
     return total
 
 
 def sessions_cpu_s(sessions: set[int]) -> float:
     """CPU seconds (user and system, with those of reaped children) of every process in the
-    sessions ``sessions`` (a local worker's session: the ``vine_worker``, its library and
-    their children), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # gone meanwhile
-        # after comm: state ppid pgrp session ... utime(12) stime cutime cstime (1-based 14-17)
-        if int(fields[3]) in sessions:
-            total += sum(int(v) for v in fields[11:15])
-    return total / tick
-
-
-def host_cpu() -> tuple[int, int]:
-    """(busy, all) clock ticks of this host's CPUs since boot (/proc/stat: all but idle and
-    iowait is busy)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(values) - values[3] - values[4], sum(values)
+    sessions ``sessions``, from /proc."""
+    # after comm: ... utime stime cutime cstime are the 12th to 15th fields
+    ticks = sum(sum(int(v) for v in fields[11:15]) for _, fields in _in_sessions(sessions))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb() -> float:
@@ -274,19 +265,19 @@ def run_datavine(n: int, sleep: float, waves: int, repeat: int,
         per_worker = (before - mem_available_mb()) / n
         # what the next count's fit is judged by: the workers' own memory (MemAvailable moves
         # with everything else on the host: at 8 workers a 0.5 GB swing read as 69 MB each)
-        rss_per_worker = sessions_rss_mb(set(cluster._worker_pids().values())) / n
-        warm = len(cluster.warm_libraries)
         sessions = set(cluster._worker_pids().values())
+        rss_per_worker = sessions_rss_mb(sessions) / n
+        warm = len(cluster.warm_libraries)
         lost = retries = 0
         for i in range(repeat):
             graph = make_graph(waves * n, sleep, run=i)
             with timed_decisions() as spent, timed_waits() as waited:
-                wcpu0, host0 = sessions_cpu_s(sessions), host_cpu()
+                wcpu0, host0 = sessions_cpu_s(sessions), common.host_cpu()
                 cpu0, pcpu0, t0 = cpu_s(), process_cpu_s(), time.time()
                 (intervals,) = dask.compute(graph, scheduler=cluster.get)
                 wall, cpu = time.time() - t0, cpu_s() - cpu0
                 pcpu = process_cpu_s() - pcpu0
-                wcpu, host1 = sessions_cpu_s(sessions) - wcpu0, host_cpu()
+                wcpu, host1 = sessions_cpu_s(sessions) - wcpu0, common.host_cpu()
             summary = cluster.last_summary
             reached, most = busy_profile(intervals, t0, n)
             lost += len(summary.lost_workers)
