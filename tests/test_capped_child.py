@@ -51,6 +51,17 @@ def keep(mb: int) -> int:
     return len(kept)
 
 
+def drop_kept(mb: float) -> float:
+    """A ``make_room`` that drops what :func:`keep` leaked; returns the MB it was asked for."""
+    sys.__dict__.setdefault("_capped_child_test_kept", []).clear()
+    return mb
+
+
+def keep_all(mb: float) -> float:
+    """A ``make_room`` that hands nothing back."""
+    return mb
+
+
 def whoami() -> tuple[int, int]:
     return os.getpid(), os.getppid()
 
@@ -167,6 +178,37 @@ def test_a_child_idling_above_recycle_fraction_of_its_next_cap_is_replaced() -> 
         assert again.ok and again.value == 1  # a new child: it does not hold the first 300 MB
         assert child.pid != first_pid and child.started == 2
         assert again.baseline_mb < base + 100
+
+
+def test_a_child_that_makes_room_for_a_lower_cap_is_kept() -> None:
+    with CappedChild(recycle_fraction=0.5, make_room=drop_kept) as child:
+        base = idle_mb(child)
+        assert child.run(keep, (300,), cap_mb=base + 1000).value == 1  # idles at ~base + 300
+        first_pid = child.pid
+        again = child.run(keep, (10,), cap_mb=(base + 300) * 1.5)  # 0.5 x cap < base + 300
+        assert again.ok and again.value == 1  # the 300 MB were handed back, in the same child
+        assert child.pid == first_pid and child.started == 1 and child.rooms_made == 1
+        assert again.baseline_mb < base + 100
+        assert child.run(whoami, cap_mb=(base + 300) * 1.5).value[0] == first_pid
+
+
+def test_a_child_that_cannot_make_room_is_replaced() -> None:
+    with CappedChild(recycle_fraction=0.5, make_room=keep_all) as child:
+        base = idle_mb(child)
+        assert child.run(keep, (300,), cap_mb=base + 1000).value == 1
+        first_pid = child.pid
+        again = child.run(keep, (10,), cap_mb=(base + 300) * 1.5)
+        assert again.ok and again.value == 1  # a new child: it does not hold the first 300 MB
+        assert child.pid != first_pid and child.started == 2 and child.rooms_made == 0
+
+
+def test_a_child_that_fails_to_make_room_is_replaced_and_the_call_runs() -> None:
+    with CappedChild(recycle_fraction=0.5, make_room=os.abort) as child:
+        base = idle_mb(child)
+        child.run(keep, (300,), cap_mb=base + 1000)
+        first_pid = child.pid
+        again = child.run(whoami, cap_mb=(base + 300) * 1.5)
+        assert again.ok and again.value[0] == child.pid != first_pid and child.started == 2
 
 
 def test_a_child_that_died_between_calls_costs_no_call(child: CappedChild) -> None:

@@ -295,6 +295,23 @@ def test_settle_evicts_until_the_process_is_under_its_bound() -> None:
     assert cache.take_dropped() == {"/f@0-1", "/f@1-2", "/f@2-3", "/f@*"}
 
 
+def test_make_room_evicts_this_processs_columns_until_under_the_bound(
+        fresh_cache: ColumnCache) -> None:
+    fresh_cache.resize(1 << 30)
+    for i in range(4):
+        array = np.ones(4 << 20)  # 32 MiB each, touched
+        fresh_cache.put(ColumnKey("f", "Events", f"b{i}", "default", 0, 1), array,
+                        array.nbytes, f"/f@{i}-{i + 1}")
+    before = column_cache.rss_bytes()
+    assert column_cache.make_room((before + (1 << 30)) / column_cache.MB) == 0  # under it
+    assert len(fresh_cache.entries) == 4
+    limit = before - 80 * column_cache.MB  # the last two columns may stay
+    evicted = column_cache.make_room(limit / column_cache.MB)
+    assert evicted >= 3 * 32 * column_cache.MB  # the least recently used first
+    assert column_cache.rss_bytes() <= limit
+    assert fresh_cache.room == fresh_cache.bytes  # it keeps no more from now on
+
+
 def test_a_facility_file_sets_the_cache(tmp_path: Path) -> None:
     from datavine.deploy.facility import load_facility
 

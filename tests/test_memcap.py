@@ -11,6 +11,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 
+from datavine.worker import memcap
 from datavine.worker.memcap import CappedResult, ChildFailedError, measure_peak, run_capped
 
 MB = 2**20
@@ -223,3 +225,46 @@ def test_the_result_type_is_a_frozen_dataclass() -> None:
     assert isinstance(result, CappedResult)
     with pytest.raises(AttributeError):
         result.ok = False  # type: ignore[misc]
+
+
+def test_write_all_sends_a_small_frame_in_one_write_and_wakes_its_reader_once() -> None:
+    r, w = os.pipe()
+    try:
+        memcap.write_all(w, [b"head", b"", b"body"])
+        assert os.read(r, 100) == b"headbody"  # all of it there at the first read
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_write_all_finishes_parts_larger_than_the_pipe_in_order() -> None:
+    r, w = os.pipe()
+    parts = [b"a" * 70_000, b"b" * 3, b"c" * 200_000]  # more than a pipe holds
+    got = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(r, 65536):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        memcap.write_all(w, parts)
+    finally:
+        os.close(w)
+        reader.join(10)
+        os.close(r)
+    assert bytes(got) == b"".join(parts)
+
+
+def test_write_all_resumes_after_partial_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    written = bytearray()
+
+    def three_bytes_at_most(fd: int, views: list[memoryview]) -> int:
+        data = b"".join(bytes(v) for v in views)[:3]
+        written.extend(data)
+        return len(data)
+
+    monkeypatch.setattr(memcap.os, "writev", three_bytes_at_most)
+    memcap.write_all(-1, [b"12345", b"67", b"89abc"])
+    assert bytes(written) == b"123456789abc"

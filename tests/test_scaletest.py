@@ -8,6 +8,7 @@ others are processed. The report's arithmetic is checked on hand-made records.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -220,6 +221,16 @@ def test_a_chunks_reads_count_in_its_passes_in_the_order_they_ran() -> None:
                           passes=2)
     assert [(p.hit_fraction, p.start_s, p.end_s) for p in report.passes] == [
         (0.0, 0.0, 1.0), (1.0, 1.0, 2.0)]
+
+
+def test_a_chunks_record_pickles_as_its_values_and_comes_back_equal() -> None:
+    record = ChunkRecord("/d/f.root", 0, 10, "h:1", 1.0, 2.0, 10, 100, 50.0, 2, "OSError: x",
+                         cached_bytes=3, decoded_bytes=4, pass_index=5)
+    tally = Tally(ChunkResult.empty(), [record, replace(record, pass_index=6)])
+    back = pickle.loads(pickle.dumps(tally, protocol=5))
+    assert back == tally and back.records[1].pass_index == 6
+    as_dict = pickle.dumps(record.__dict__, protocol=5)
+    assert len(pickle.dumps(record, protocol=5)) < len(as_dict)  # no field names in it
 
 
 def test_make_chunks_equal_pieces_and_skips_failed_files() -> None:

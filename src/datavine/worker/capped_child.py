@@ -22,6 +22,12 @@ so its allocator, imports and caches stay warm, and watches it the same way duri
   first calls arrive together, before its first call starts one) waits for the next child
   (:data:`PENDING_HINTS` at most; not the one naming the call that starts it, its
   ``sandbox``); one is dropped when the pipe is full.
+* with a ``make_room`` function, a child that idles too close to the next call's cap (a
+  bundle under a larger cap let its caches grow) first runs ``make_room(mb)`` and is replaced
+  only when it still idles over the fraction: what it holds on purpose (a column cache) is
+  handed back instead of the process with all of it (a new child also takes ~0.3 s to start
+  here: seen when a run's last merges, under the floor's cap, followed chunks under a learned
+  larger one);
 * with :meth:`CappedChild.queue`, a call queued behind the running one is pickled ahead, and
   ``run`` sends it (:meth:`CappedChild.send_ahead`) the moment the running one's value is in,
   before the library reads and writes that value out and the worker and the manager wake to
@@ -67,6 +73,11 @@ QUEUED_AHEAD = 8
 QUEUED_MAX_BYTES = 16 << 20  # a larger request (inline inputs) is not kept twice: no ahead
 # how long a call sent ahead and then cancelled may go on (it keeps the child and its cache)
 CANCELLED_GRACE_S = 1.0
+# a child asked to make room for a call (CappedChild's make_room) aims at this share of the
+# RSS at which it would be replaced: 0.7 of the cap at the default RECYCLE_FRACTION, the
+# bound a column cache keeps its process under after a bundle (config.CACHE_RSS_SHARE)
+ROOM_MARGIN = 0.875
+ROOM_TIME_LIMIT_S = 10.0  # what making room may take before the child is stopped
 
 
 def needs_fresh_child(alive: bool, idle_mb: float, cap_mb: float | None,
@@ -116,9 +127,12 @@ class CappedChild:
 
     def __init__(self, *, poll_s: float = 0.02, scan_every_s: float = 0.25,
                  recycle_fraction: float = RECYCLE_FRACTION,
-                 hint_handler: Callable[[bytes], None] | None = None) -> None:
+                 hint_handler: Callable[[bytes], None] | None = None,
+                 make_room: Callable[[float], object] | None = None) -> None:
         self.poll_s = poll_s
         self.hint_handler = hint_handler
+        self.make_room = make_room  # run in the child (by reference) with the MB to idle under
+        self.rooms_made = 0  # children kept by make_room rather than replaced
         self._hints = -1  # the write end of the hint pipe (-1: none)
         self._pending: list[bytes] = []  # hints given while there was no child
         self._hint_lock = threading.Lock()  # hint() runs on another thread than run()
@@ -152,6 +166,10 @@ class CappedChild:
             request = cloudpickle.dumps((fn, args, kwargs or {}))
             alive = self.pid is not None and not memcap.exited(self.pid)
             idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm") if alive else 0
+            if (alive and cap_mb is not None and self.make_room is not None
+                    and needs_fresh_child(alive, idle_kb / 1024.0, cap_mb,
+                                          self.recycle_fraction)):
+                alive, idle_kb = self._room_for(cap_mb, idle_kb)
             if needs_fresh_child(alive, idle_kb / 1024.0, cap_mb, self.recycle_fraction):
                 self.close()
                 self._start(sandbox)
@@ -160,6 +178,24 @@ class CappedChild:
         watch = memcap.Watch(self.pid, cap_mb, self.scan_every_s, time_limit_s, sandbox)
         return self._collect(watch, None if ahead is not None else request, started, idle_kb,
                              then_next=True)
+
+    def _room_for(self, cap_mb: float, idle_kb: int) -> tuple[bool, int]:
+        """Ask the child to idle under :data:`ROOM_MARGIN` of the RSS at which a call under
+        ``cap_mb`` would replace it (``make_room``); (alive, its idle kB) after. A child that
+        fails at it, or runs past :data:`ROOM_TIME_LIMIT_S`, is stopped (then replaced)."""
+        assert self.pid is not None and self.make_room is not None
+        room_mb = ROOM_MARGIN * self.recycle_fraction * cap_mb
+        request = cloudpickle.dumps((self.make_room, (room_mb,), {}))
+        watch = memcap.Watch(self.pid, None, self.scan_every_s, ROOM_TIME_LIMIT_S)
+        made = self._collect(watch, request, time.perf_counter(), idle_kb)
+        if not made.ok:
+            self.close()
+        if self.pid is None:
+            return False, 0
+        idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
+        if not needs_fresh_child(True, idle_kb / 1024.0, cap_mb, self.recycle_fraction):
+            self.rooms_made += 1
+        return True, idle_kb
 
     def queue(self, fn: Callable[..., object], args: tuple[object, ...] = (),
               kwargs: Mapping[str, object] | None = None, *, cap_mb: float | None,
@@ -332,10 +368,7 @@ class CappedChild:
         self.started += 1
 
     def _send(self, request: bytes) -> None:
-        for part in (_LENGTH.pack(len(request)), request):
-            view = memoryview(part)
-            while view:
-                view = view[os.write(self._requests, view):]
+        memcap.write_all(self._requests, [_LENGTH.pack(len(request)), request])
 
     def _stop(self) -> int:
         """Kill the child's group, reap the child: its wait status."""

@@ -398,11 +398,23 @@ def answer(w: int, fn: Callable[..., object], args: tuple[object, ...],
         tb = "".join(traceback.format_exception(exc)).encode(errors="replace")
         kind, blob = _EXCEPTION, _dumps(exc)
     flags, hwm_kb = after() if after is not None else (0, 0)
-    for part in (FRAME.pack(kind, flags, hwm_kb, len(tb), len(blob)), tb, blob):
-        view = memoryview(part)
-        while view:
-            view = view[os.write(w, view):]
+    write_all(w, [FRAME.pack(kind, flags, hwm_kb, len(tb), len(blob)), tb, blob])
     flush_stdio()
+
+
+def write_all(w: int, parts: list[bytes]) -> None:
+    """Write ``parts`` to ``w`` with as few ``writev`` calls as the pipe takes: a frame
+    that fits goes in one, and its reader wakes once, with all of it there. (A write per
+    part woke the library for the header alone; on 2 busy cores each wake took the
+    writer's core, and the child waited ~0.2 ms more for its next call.)"""
+    views = [memoryview(p) for p in parts if p]
+    while views:
+        done = os.writev(w, views)
+        while views and done >= len(views[0]):
+            done -= len(views[0])
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
 
 
 def become_subreaper() -> None:

@@ -218,7 +218,8 @@ def _capped_child() -> CappedChild:
         if _CHILD is None:
             from datavine.worker.capped_child import CappedChild
 
-            _CHILD = CappedChild(hint_handler=prefetch.on_hint)
+            _CHILD = CappedChild(hint_handler=prefetch.on_hint,
+                                 make_room=column_cache.make_room)
         return _CHILD
 
 

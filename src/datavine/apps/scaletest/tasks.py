@@ -13,12 +13,13 @@ Imported on workers: keep imports light (uproot is imported by the analysis when
 
 from __future__ import annotations
 
+import operator
 import os
 import resource
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, NamedTuple
 
 from datavine.apps.analysis.agc import AGC, BRANCHES, EDGES, ChunkResult, select_and_fill
@@ -63,6 +64,15 @@ class ChunkRecord:
     cached_bytes: int = 0
     decoded_bytes: int = 0
     pass_index: int = 0
+
+    def __reduce__(self) -> tuple[type[ChunkRecord], tuple[object, ...]]:
+        """Pickled as its fields' values in order, not as a dict that names each one: the
+        run's merges carry every chunk's record to the end (up to one per chunk and pass),
+        and a record so pickled is a third smaller and ~3x faster to load."""
+        return ChunkRecord, _record_fields(self)
+
+
+_record_fields = operator.attrgetter(*(f.name for f in fields(ChunkRecord)))
 
 
 @dataclass
