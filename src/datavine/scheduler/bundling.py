@@ -277,6 +277,11 @@ class Planner:
                 members.append(key)
                 files.extend(key_files)
                 if key_files:
+                    if key != seed:  # behind merges it carries: grouped as what it is
+                        category = self.graph.category(key)
+                        size = bundle_size(self.costs.estimate(category), len(self._live),
+                                           n_bundles, target_s=self._target_s,
+                                           max_tasks=self._max_tasks)
                     self._group(key, category, size, members, files)
                     break
         self._scheduled.update(members)
