@@ -203,7 +203,7 @@ def test_a_child_that_cannot_make_room_is_replaced() -> None:
 
 
 def test_a_child_that_fails_to_make_room_is_replaced_and_the_call_runs() -> None:
-    with CappedChild(recycle_fraction=0.5, make_room=os.abort) as child:
+    with CappedChild(recycle_fraction=0.5, make_room=chr) as child:  # chr(float) raises
         base = idle_mb(child)
         child.run(keep, (300,), cap_mb=base + 1000)
         first_pid = child.pid
