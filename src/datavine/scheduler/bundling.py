@@ -256,8 +256,7 @@ class Planner:
     def _form(self, n_bundles: int) -> Bundle:
         seed = self._seed()
         category = self.graph.category(seed)
-        size = bundle_size(self.costs.estimate(category), len(self._live), n_bundles,
-                           target_s=self._target_s, max_tasks=self._max_tasks)
+        size = self._size(category, n_bundles)
         members: list[Key] = []
         files: list[str] = []
         if seed != self._ready[0][1]:  # out of order: its heap entry goes stale (_drop_stale)
@@ -279,9 +278,7 @@ class Planner:
                 if key_files:
                     if key != seed:  # behind merges it carries: grouped as what it is
                         category = self.graph.category(key)
-                        size = bundle_size(self.costs.estimate(category), len(self._live),
-                                           n_bundles, target_s=self._target_s,
-                                           max_tasks=self._max_tasks)
+                        size = self._size(category, n_bundles)
                     self._group(key, category, size, members, files)
                     break
         self._scheduled.update(members)
@@ -302,6 +299,11 @@ class Planner:
             if k in graph.outputs or any(d not in member_set for d in graph.dependents[k])
         }
         return Bundle(next(self._ids), members, inputs, outputs, tuple(files))
+
+    def _size(self, category: str, n_bundles: int) -> int:
+        """How many seeds of ``category`` a bundle takes now (:func:`bundle_size`)."""
+        return bundle_size(self.costs.estimate(category), len(self._live), n_bundles,
+                           target_s=self._target_s, max_tasks=self._max_tasks)
 
     def _group(self, key: Key, category: str, size: int, members: list[Key],
                files: list[str]) -> None:

@@ -166,11 +166,13 @@ class CappedChild:
             request = cloudpickle.dumps((fn, args, kwargs or {}))
             alive = self.pid is not None and not memcap.exited(self.pid)
             idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm") if alive else 0
-            if (alive and cap_mb is not None and self.make_room is not None
-                    and needs_fresh_child(alive, idle_kb / 1024.0, cap_mb,
-                                          self.recycle_fraction)):
+            fresh = needs_fresh_child(alive, idle_kb / 1024.0, cap_mb, self.recycle_fraction)
+            if fresh and alive and cap_mb is not None and self.make_room is not None:
                 alive, idle_kb = self._room_for(cap_mb, idle_kb)
-            if needs_fresh_child(alive, idle_kb / 1024.0, cap_mb, self.recycle_fraction):
+                fresh = needs_fresh_child(alive, idle_kb / 1024.0, cap_mb,
+                                          self.recycle_fraction)
+                self.rooms_made += not fresh
+            if fresh:
                 self.close()
                 self._start(sandbox)
                 idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
@@ -192,10 +194,7 @@ class CappedChild:
             self.close()
         if self.pid is None:
             return False, 0
-        idle_kb = memcap.statm_kb(f"/proc/{self.pid}/statm")
-        if not needs_fresh_child(True, idle_kb / 1024.0, cap_mb, self.recycle_fraction):
-            self.rooms_made += 1
-        return True, idle_kb
+        return True, memcap.statm_kb(f"/proc/{self.pid}/statm")
 
     def queue(self, fn: Callable[..., object], args: tuple[object, ...] = (),
               kwargs: Mapping[str, object] | None = None, *, cap_mb: float | None,
