@@ -269,6 +269,11 @@ def test_a_worker_holding_other_pieces_of_a_file_is_not_cached_for_this_one() ->
     assert score(task, other).tier == Tier.FAR
     assert score(task, read_only).tier == Tier.CACHED
     assert score(TaskInputs(("/f",)), other).tier == Tier.CACHED  # no range known
+    # the workers keep column caches: one that only opened the file holds none of it
+    by_pieces = TaskInputs(("/f",), pieces=("/f@0-10",), pieces_only=True)
+    assert score(by_pieces, read_only).tier == Tier.FAR
+    assert score(by_pieces, holder).tier == Tier.CACHED
+    assert score(by_pieces, other).tier == Tier.FAR
 
 
 def test_a_replaced_cache_holds_nothing_it_reported() -> None:

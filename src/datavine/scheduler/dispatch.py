@@ -44,12 +44,16 @@ class Dispatcher:
 
     def __init__(self, planner: Planner, topology: Topology, policy: PlacementPolicy | None,
                  shardmap: ShardMap | None, health: ShardHealth, bundles_per_slot: int,
-                 pieces_of: PiecesOf | None = None, hit_saving: HitSaving | None = None
-                 ) -> None:
+                 pieces_of: PiecesOf | None = None, hit_saving: HitSaving | None = None,
+                 pieces_only: bool = False) -> None:
         """``hit_saving``: what a read from memory saves per category, the longest a held
-        bundle waits for the worker that holds its pieces (None: ``policy``'s wait)."""
+        bundle waits for the worker that holds its pieces (None: ``policy``'s wait).
+        ``pieces_only``: the workers keep column caches; a worker near a bundle's data
+        through its cache holds the bundle's pieces, not only their files
+        (:class:`~datavine.scheduler.placement.TaskInputs`)."""
         self.planner = planner
         self.hit_saving = hit_saving
+        self.pieces_only = pieces_only
         self.topology = topology
         self.policy = policy
         self.shardmap = shardmap
@@ -191,7 +195,8 @@ class Dispatcher:
         shards = {f: self.shard_now(f, now) for f in lfns} if self.shardmap else {}
         task = TaskInputs(lfns, {f: s.rack if s else None for f, s in shards.items()},
                           {f: self.topology.shard_host(s) if s else None
-                           for f, s in shards.items()}, self.bundle_pieces(bundle))
+                           for f, s in shards.items()}, self.bundle_pieces(bundle),
+                          self.pieces_only)
         home = task.home_rack()
         if held is not None:
             held.task, held.home, held.built = task, home, built

@@ -66,13 +66,20 @@ class WorkerView:
 @dataclass(frozen=True, slots=True)
 class TaskInputs:
     """A task's input files (logical names), and the rack and the host (normalised) of the
-    shard holding each."""
+    shard holding each.
+
+    ``pieces``: the entry ranges of the files it reads (:mod:`datavine.scheduler.pieces`), if
+    known. ``pieces_only``: the workers keep column caches (``RunConfig.column_cache``), so
+    a worker holds the task's data of a file only through those pieces; one that read the
+    file without caching a piece of it (a task that opened it for its metadata, as coffea's
+    preprocessing and the scale test's first step do) holds none of it. Without it, such a
+    worker counts as holding the file: the bytes it read may be in its input cache."""
 
     files: tuple[str, ...]
     racks: Mapping[str, str | None] = field(default_factory=dict)
     hosts: Mapping[str, str | None] = field(default_factory=dict)
-    # the entry ranges of the files it reads (datavine.scheduler.pieces), if known
     pieces: tuple[str, ...] = ()
+    pieces_only: bool = False
 
     @classmethod
     def from_shardmap(cls, files: Iterable[str], shardmap: ShardMap,
@@ -167,7 +174,7 @@ def score(task: TaskInputs, worker: WorkerView) -> Score:
         through = shard_rack is None or shard_rack == rack
         if rack is not None and shard_rack == rack:
             in_rack += 1
-        if through and read and _holds(task.pieces, f, read):
+        if through and read and _holds(task.pieces, f, read, task.pieces_only):
             cached += 1
         if host is not None and (rack is None or through) and hosts.get(f) == host:
             on_host += 1
@@ -176,10 +183,12 @@ def score(task: TaskInputs, worker: WorkerView) -> Score:
     return _score(tier, cached, on_host, in_rack)
 
 
-def _holds(pieces: tuple[str, ...], lfn: str, read: AbstractSet[str]) -> bool:
+def _holds(pieces: tuple[str, ...], lfn: str, read: AbstractSet[str],
+           pieces_only: bool = False) -> bool:
     """Whether a worker that read ``read`` holds the task's data of ``lfn``: one of its
-    pieces of it where the worker reports pieces of ``lfn`` (its column cache), else the file."""
-    if pieces and marker_name(lfn) in read:
+    pieces of it where the worker reports pieces of ``lfn`` (its column cache) or keeps only
+    pieces (``pieces_only``), else the file."""
+    if pieces and (pieces_only or marker_name(lfn) in read):
         return any(p in read for p in pieces if file_of(p) == lfn)
     return lfn in read
 

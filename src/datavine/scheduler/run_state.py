@@ -121,7 +121,8 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             learned.topology.racks = cfg.racks  # for workers seen from now on
         self.dispatch = Dispatcher(self.planner, learned.topology, cfg.placement, cfg.shardmap,
                                    learned.shard_health, cfg.bundles_per_slot,
-                                   pieces_of=self.pieces_of, hit_saving=learned.hit_saving)
+                                   pieces_of=self.pieces_of, hit_saving=learned.hit_saving,
+                                   pieces_only=cfg.column_cache)
         self._temps = itertools.count(1)
         self._calls = itertools.count(1)
         self._out: list[Instruction] = []
