@@ -287,8 +287,7 @@ def make_room(limit_mb: float) -> int:
     it before a call whose cap it idles too close to (``CappedChild(make_room=...)``):
     replaced, it would lose every column and take ~0.3 s to start again, where what it held
     over the bound is only the columns that a bundle under a larger cap kept."""
-    own = cache()
-    return _hand_back(own, rss_bytes(), int(limit_mb * MB))
+    return _hand_back(cache(), rss_bytes(), int(limit_mb * MB))
 
 
 def _hand_back(cache: ColumnCache, rss: int, rss_limit: int) -> int:

@@ -174,7 +174,7 @@ def score(task: TaskInputs, worker: WorkerView) -> Score:
         through = shard_rack is None or shard_rack == rack
         if rack is not None and shard_rack == rack:
             in_rack += 1
-        if through and read and _holds(task.pieces, f, read, task.pieces_only):
+        if through and read and _holds(task, f, read):
             cached += 1
         if host is not None and (rack is None or through) and hosts.get(f) == host:
             on_host += 1
@@ -183,12 +183,12 @@ def score(task: TaskInputs, worker: WorkerView) -> Score:
     return _score(tier, cached, on_host, in_rack)
 
 
-def _holds(pieces: tuple[str, ...], lfn: str, read: AbstractSet[str],
-           pieces_only: bool = False) -> bool:
-    """Whether a worker that read ``read`` holds the task's data of ``lfn``: one of its
-    pieces of it where the worker reports pieces of ``lfn`` (its column cache) or keeps only
-    pieces (``pieces_only``), else the file."""
-    if pieces and (pieces_only or marker_name(lfn) in read):
+def _holds(task: TaskInputs, lfn: str, read: AbstractSet[str]) -> bool:
+    """Whether a worker that read ``read`` holds ``task``'s data of ``lfn``: one of its
+    pieces of it where the worker reports pieces of ``lfn`` (its column cache) or the
+    workers keep only pieces (``task.pieces_only``), else the file."""
+    pieces = task.pieces
+    if pieces and (task.pieces_only or marker_name(lfn) in read):
         return any(p in read for p in pieces if file_of(p) == lfn)
     return lfn in read
 
