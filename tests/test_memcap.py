@@ -122,6 +122,47 @@ def test_descendants_count_towards_the_cap_and_die_with_the_call(tmp_path: Path)
     assert gone(int(pid_file.read_text()))
 
 
+def test_an_orphaned_descendant_counts_towards_the_cap(tmp_path: Path) -> None:
+    """The group's other processes are found among the child's descendants: one whose
+    parent exited is re-parented to the child (a subreaper), and still counts."""
+    pid_file = tmp_path / "orphan.pid"
+
+    def orphan_a_hog() -> None:
+        hog = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+               "b = b'x' * (300 << 20); time.sleep(30)")
+        subprocess.run(["sh", "-c", f"{sys.executable} -c \"{hog}\" &"], check=True)
+        time.sleep(30)  # the shell is gone: the hog's parent is now this child
+
+    result = run_capped(orphan_a_hog, cap_mb=baseline_mb() + 150, scan_every_s=0.05)
+    assert result.exceeded and result.wall_s < 20
+    assert gone(int(pid_file.read_text()))
+
+
+def test_a_groups_rss_is_read_from_its_leaders_descendants() -> None:
+    """The walk of the leader's descendants finds what a scan of every process finds: the
+    group's members at any depth, not the leader, not a descendant of another group."""
+    tree = subprocess.Popen(["sh", "-c", "sleep 30 & (sleep 30 & wait) & "
+                             "setsid sleep 30 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(memcap.descendants(tree.pid)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        found = dict(memcap.descendants(tree.pid))
+        assert len(found) == 4  # a sleep, a subshell and its sleep, the setsid sleep
+        in_group = [f for f in found.values() if int(f[2]) == tree.pid]
+        assert len(in_group) == 3
+        walked = memcap._group_rss_kb(tree.pid)
+        assert walked == sum(int(f[21]) for f in in_group) * memcap._PAGE_KB > 0
+        assert walked == memcap._scanned_group_rss_kb(tree.pid)
+    finally:
+        found = dict(memcap.descendants(tree.pid))
+        os.killpg(tree.pid, signal.SIGKILL)
+        for pid, fields in found.items():
+            if int(fields[2]) != tree.pid:  # the setsid sleep: a group of its own
+                os.kill(pid, signal.SIGKILL)
+        tree.wait()
+
+
 def test_processes_left_behind_by_a_call_are_killed() -> None:
     def leave_a_sleeper() -> int:
         return subprocess.Popen(["sleep", "30"]).pid
