@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler import graph as graphs
 from datavine.scheduler.bundling import Bundle, CostModel, Planner
-from datavine.scheduler.dispatch import LOOKAHEAD_FACTOR, Dispatcher
+from datavine.scheduler.dispatch import LOOKAHEAD_FACTOR, Dispatcher, cold_copy_wait
 from datavine.scheduler.hit_saving import HitSaving
 from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
 from datavine.scheduler.topology import ANYWHERE, Target, Topology
@@ -125,10 +125,11 @@ def test_a_bundle_goes_to_the_worker_on_its_shards_host() -> None:
         assert placement.tier.name == "HOST"
 
 
-def read_by_a0(busy: tuple[str, ...], hit_saving: HitSaving | None = None
-               ) -> tuple[Dispatcher, Topology]:
+def read_by_a0(busy: tuple[str, ...], hit_saving: HitSaving | None = None,
+               backlog: Any = None) -> tuple[Dispatcher, Topology]:
     """One task reading /store/f0.root; workers a0 and a1 in rack A, ``busy`` of them
-    full, a0 having read the file (its memory holds the columns)."""
+    full, a0 having read the file (its memory holds the columns); ``backlog``: the
+    dispatcher's (how long a worker stays busy)."""
     dsk: dict[Any, Any] = {("read", 0): (reader, "/store/f0.root")}
     graph = graphs.build(dsk, list(dsk))
     planner = Planner(graph, files=lambda key: ("/store/f0.root",), costs=CostModel(),
@@ -141,7 +142,7 @@ def read_by_a0(busy: tuple[str, ...], hit_saving: HitSaving | None = None
     topology.learn("a0", "A", None, ["/store/f0.root"])
     return Dispatcher(planner, topology, PlacementPolicy(max_wait_s=5.0, cache_wait_s=1.0),
                       ShardMap.from_urls(["root://a:1"], racks=["A"]), ShardHealth(), 1,
-                      hit_saving=hit_saving), topology
+                      hit_saving=hit_saving, backlog=backlog), topology
 
 
 def test_a_bundle_waiting_for_a_reader_that_left_runs_at_once_in_its_rack() -> None:
@@ -172,6 +173,58 @@ def test_a_bundle_waits_for_the_reader_no_longer_than_a_hit_saves() -> None:
     assert dispatch.fill(0.03, slots=2, inflight=1) == []  # still worth waiting for
     ((_, target, placement),) = dispatch.fill(0.05, slots=2, inflight=1)
     assert target == Target(worker="a1") and placement.tier == Tier.RACK
+
+
+def read_by_a0_saving_40_ms(backlog: Any) -> tuple[Dispatcher, Topology]:
+    """``read_by_a0`` with a0 busy and its reading task's costs learned: a hit 10 ms, a
+    cold read 50 ms."""
+    saving = HitSaving()
+    dispatch, topology = read_by_a0(busy=("a0",), hit_saving=saving, backlog=backlog)
+    category = dispatch.planner.graph.category(("read", 0))
+    for tasks, seconds in ((1, 0.05), (4, 0.08), (1, 0.05), (4, 0.08)):
+        saving.observe(category, tasks, seconds, decoded=1_000_000,
+                       cached=(tasks - 1) * 1_000_000)
+    assert saving.saving_s(category) == pytest.approx(0.04)
+    return dispatch, topology
+
+
+def test_a_held_bundle_goes_where_it_would_end_first() -> None:
+    """Where the workers' backlogs are known, a bundle held for the busy worker whose
+    memory holds its pieces goes at once to a free worker that would end it cold before
+    the holder could from memory (the holder busy 200 ms, a cold read 40 ms slower than a
+    hit), and waits for a holder that would end it first (busy 20 ms: it ends it at 30 ms,
+    the free worker at 50); a holder that runs late loses it once the saving is waited."""
+    busy_until = {"a0": 0.2, "a1": 0.0}
+    dispatch, _ = read_by_a0_saving_40_ms(lambda w: busy_until[w])
+    ((_, target, placement),) = dispatch.fill(0.0, slots=2, inflight=1)
+    assert target == Target(worker="a1") and placement.tier == Tier.RACK
+
+    busy_until["a0"] = 0.02
+    dispatch, topology = read_by_a0_saving_40_ms(lambda w: busy_until[w])
+    assert dispatch.fill(0.0, slots=2, inflight=1) == []
+    topology.returned(Target(worker="a0"))
+    ((_, target, placement),) = dispatch.fill(0.02, slots=2, inflight=0)
+    assert target == Target(worker="a0") and placement.tier == Tier.CACHED
+
+    clock = {"now": 0.0}
+    dispatch, _ = read_by_a0_saving_40_ms(
+        lambda w: max(0.0, 0.02 - clock["now"]) if w == "a0" else 0.0)
+    assert dispatch.fill(0.0, slots=2, inflight=1) == []
+    clock["now"] = 0.03  # a0 runs late, the saving not yet waited
+    assert dispatch.fill(0.03, slots=2, inflight=1) == []
+    clock["now"] = 0.05
+    ((_, target, _),) = dispatch.fill(0.05, slots=2, inflight=1)
+    assert target == Target(worker="a1")
+
+
+def test_a_held_bundle_waits_for_its_holder_only_when_that_ends_it_first() -> None:
+    """``cold_copy_wait`` (pure): no wait where a free worker ends the bundle first; else
+    until the holder is expected free, never less than the saving, never past the limit."""
+    assert cold_copy_wait(0.2, 0.0, 0.04, 0.0, 1.0) == 0.0
+    assert cold_copy_wait(0.2, 0.17, 0.04, 0.0, 1.0) == 0.04  # the free one is busy too
+    assert cold_copy_wait(0.01, 0.0, 0.04, 0.0, 1.0) == 0.04  # the saving, at least
+    assert cold_copy_wait(0.03, 0.0, 0.04, 0.05, 1.0) == pytest.approx(0.08)
+    assert cold_copy_wait(0.03, 0.0, 0.04, 2.0, 1.0) == 1.0
 
 
 # --- the indexed dispatcher decides as the exhaustive one did ---------------------------------

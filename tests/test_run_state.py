@@ -27,6 +27,9 @@ from datavine.io.column_cache import marker_name, piece_name
 from datavine.io.shards import ShardMap
 from datavine.protocol import BundleResult, Pickled, Status
 from datavine.scheduler import graph as graphs
+from datavine.scheduler.bundling import Bundle
+from datavine.scheduler.inflight import Inflight
+from datavine.scheduler.intermediates import Plan
 from datavine.scheduler.learned import Learned
 from datavine.scheduler.memory import MemoryPolicy
 from datavine.scheduler.run_messages import (
@@ -42,6 +45,7 @@ from datavine.scheduler.run_messages import (
     Withdraw,
 )
 from datavine.scheduler.run_state import RunState
+from datavine.scheduler.topology import Target
 from tests.fake_runtime import execute_in, owned_sandbox
 
 CFG = RunConfig(memory=None, max_bundle_tasks=1, target_bundle_s=1e-6, bundles_per_slot=1,
@@ -439,3 +443,31 @@ def test_chunks_a_worker_holds_go_together_after_its_cache_drops_a_piece(capped:
     assert topology.holder([piece_name(path, 0, 10)]) == "w1"
     assert topology.holder([other]) is None  # the dropped piece is no one's now
     assert pool.state._holder("b") == "w1"
+
+
+def test_a_workers_backlog_counts_a_cold_read_at_its_learned_time() -> None:
+    """How long a worker stays busy (what a held bundle weighs against a cold read
+    elsewhere): a call's reading tasks at a cold read's learned time for each piece its
+    worker did not hold when it was sent, at a hit's for the others, less what a running
+    call has run. (The category's mean alone put a call that starts with a cold read at
+    a third of its time.)"""
+    path = "/data/f.root"
+    dsk = {("read", 0): (entries, (path, 0, 10)), ("read", 1): (entries, (path, 0, 10), 1)}
+    pool = Pool(dsk, list(dsk), cores=1)
+    state = pool.state
+    for tasks, seconds in ((1, 0.05), (4, 0.08), (1, 0.05), (4, 0.08)):  # hit 10, cold 50 ms
+        state.learned.hit_saving.observe("read", tasks, seconds, decoded=1_000_000,
+                                         cached=(tasks - 1) * 1_000_000)
+    state.learned.topology.announce("w1", None, cores=1)
+    bundle = Bundle(0, list(dsk), set(), set(dsk), files=(path,))
+    cold = Inflight(bundle, Target(worker="w1"), "read", None, Plan(),
+                    expected=(piece_name(path, 0, 10),))
+    assert state._call_expected(cold) == pytest.approx(0.06)  # one cold read, one hit
+    warm = replace(cold, expected=())
+    assert state._call_expected(warm) == pytest.approx(0.02)
+    state.inflight[1], state.inflight[2] = cold, warm
+    state.lanes.place(1, "w1", 0.0)
+    state.lanes.place(2, "w1", 0.0)  # queued behind the first: it runs on w1's one core
+    state.now = 0.05
+    assert state._backlog_s("w1") == pytest.approx(0.01 + 0.02)
+    assert state._backlog_s("w2") == 0.0

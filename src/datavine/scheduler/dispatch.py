@@ -19,20 +19,42 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from datavine.io.shards import NoShardAvailableError, Shard, ShardHealth, ShardMap, logical_name
 from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.held import Held, HeldBundles
 from datavine.scheduler.hit_saving import HitSaving
 from datavine.scheduler.pieces import PiecesOf
-from datavine.scheduler.placement import Placement, PlacementPolicy, TaskInputs, Tier, decide
+from datavine.scheduler.placement import (
+    Placement,
+    PlacementPolicy,
+    TaskInputs,
+    Tier,
+    WorkerView,
+    decide,
+    score,
+)
 from datavine.scheduler.topology import ANYWHERE, Target, Topology
 from datavine.scheduler.worker_index import FILE
 
 Key = Hashable
 LOOKAHEAD_FACTOR = 4  # bundles considered per free slot when the first ones must wait
 EARLY_S = 1e-6  # a held bundle is due this much before its wait runs out (float rounding)
+
+
+def cold_copy_wait(holder_s: float, free_s: float, saving_s: float, waited_s: float,
+                   limit_s: float) -> float:
+    """How long a bundle held for the busy worker whose memory holds its pieces waits for it
+    (pure; seconds since its wait began): the holder is busy ``holder_s`` more, a worker
+    with a free slot ``free_s``, and a read from memory saves ``saving_s``. Where the free
+    worker would end it cold before the holder could from memory (``holder_s - free_s >
+    saving_s``), not at all; else until the holder is expected free, at least the saving
+    (the old bound: an estimate that runs late still ends in a cold read), at most
+    ``limit_s``."""
+    if holder_s - free_s > saving_s:
+        return 0.0
+    return min(limit_s, max(saving_s, waited_s + holder_s - free_s))
 
 
 class Dispatcher:
@@ -45,15 +67,21 @@ class Dispatcher:
     def __init__(self, planner: Planner, topology: Topology, policy: PlacementPolicy | None,
                  shardmap: ShardMap | None, health: ShardHealth, bundles_per_slot: int,
                  pieces_of: PiecesOf | None = None, hit_saving: HitSaving | None = None,
-                 pieces_only: bool = False) -> None:
+                 pieces_only: bool = False,
+                 backlog: Callable[[str], float | None] | None = None) -> None:
         """``hit_saving``: what a read from memory saves per category, the longest a held
         bundle waits for the worker that holds its pieces (None: ``policy``'s wait).
+        ``backlog``: how long a worker is expected to stay busy with the calls it has
+        (None: not known); with it, a held bundle goes at once to a free worker that would
+        end it, read cold, before its holder could end it from memory, and waits on for a
+        holder that would end it first (:meth:`_policy_for`).
         ``pieces_only``: the workers keep column caches; a worker near a bundle's data
         through its cache holds the bundle's pieces, not only their files
         (:class:`~datavine.scheduler.placement.TaskInputs`)."""
         self.planner = planner
         self.hit_saving = hit_saving
         self.pieces_only = pieces_only
+        self.backlog = backlog
         self.topology = topology
         self.policy = policy
         self.shardmap = shardmap
@@ -163,21 +191,59 @@ class Dispatcher:
             return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None, None
         task, home = self._inputs(bundle, now, held)
         waited = now - self._wait_start(since, home)
-        placement = decide(task, self.topology.candidates(task), waited,
-                           self._policy_for(bundle, self.policy))
+        candidates = self.topology.candidates(task)
+        placement = decide(task, candidates, waited,
+                           self._policy_for(bundle, self.policy, task, candidates, waited))
         return placement, home, task
 
-    def _policy_for(self, bundle: Bundle, policy: PlacementPolicy) -> PlacementPolicy:
+    def _policy_for(self, bundle: Bundle, policy: PlacementPolicy, task: TaskInputs,
+                    candidates: list[WorkerView], waited: float) -> PlacementPolicy:
         """``policy``, its wait for a worker holding the pieces bounded by what a hit saves
         for the bundle's reading tasks: held longer, the bundle would have been read cold
-        elsewhere sooner (a run's end, one worker holding the last pieces, the others idle)."""
+        elsewhere sooner (a run's end, one worker holding the last pieces, the others idle).
+        Where the workers' backlogs are known, the bundle goes where it would end first
+        (:func:`cold_copy_wait`)."""
         if self.hit_saving is None or not self.hit_saving.told:
             return policy
         planner = self.planner
         saving = self.hit_saving.saving_s(planner.graph.category(planner.reader(bundle)))
-        if saving is None or saving >= policy.cache_wait_s:
+        if saving is None:
             return policy
-        return dataclasses.replace(policy, cache_wait_s=saving)
+        wait = min(saving, policy.cache_wait_s)
+        if self.backlog is not None:
+            ends = self._busy_ahead(task, candidates)
+            if ends is not None:
+                wait = cold_copy_wait(*ends, saving, waited, policy.cache_wait_s)
+        return policy if wait >= policy.cache_wait_s else dataclasses.replace(
+            policy, cache_wait_s=wait)
+
+    def _busy_ahead(self, task: TaskInputs, candidates: list[WorkerView]
+                    ) -> tuple[float, float] | None:
+        """How long the soonest free of the busy workers holding ``task``'s pieces stays
+        busy, and the least busy worker with a free slot (the freest one, if none of the
+        candidates); None when a holder has a free slot, no worker has one, or a backlog
+        is not known."""
+        assert self.backlog is not None
+        holders, free = [], []
+        for w in candidates:
+            if score(task, w).tier == Tier.CACHED:
+                if w.free_slots > 0:
+                    return None
+                holders.append(w.id)
+            elif w.free_slots > 0:
+                free.append(w.id)
+        if not holders:
+            return None
+        if not free and (freest := self.topology.freest()) is not None and freest.worker:
+            free.append(freest.worker)
+        holder = [self.backlog(w) for w in holders]
+        thief = [self.backlog(w) for w in free]
+        known_holder = [h for h in holder if h is not None]
+        known_thief = [t for t in thief if t is not None]
+        if not known_thief or len(known_holder) < len(holder) or len(known_thief) < len(thief):
+            return None
+        return min(known_holder), min(known_thief)
+
 
     def _wait_start(self, since: float, home: str | None) -> float:
         """A bundle waits from the later of its arrival and its rack's last near bundle."""
