@@ -244,7 +244,6 @@ class Dispatcher:
             return None
         return min(known_holder), min(known_thief)
 
-
     def _wait_start(self, since: float, home: str | None) -> float:
         """A bundle waits from the later of its arrival and its rack's last near bundle."""
         return max(since, self.last_near.get(home, since)) if home else since
