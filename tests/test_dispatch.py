@@ -126,11 +126,11 @@ def test_a_bundle_goes_to_the_worker_on_its_shards_host() -> None:
 
 
 def read_by_a0(busy: tuple[str, ...], hit_saving: HitSaving | None = None,
-               backlog: Any = None) -> tuple[Dispatcher, Topology]:
-    """One task reading /store/f0.root; workers a0 and a1 in rack A, ``busy`` of them
-    full, a0 having read the file (its memory holds the columns); ``backlog``: the
-    dispatcher's (how long a worker stays busy)."""
-    dsk: dict[Any, Any] = {("read", 0): (reader, "/store/f0.root")}
+               backlog: Any = None, tasks: int = 1) -> tuple[Dispatcher, Topology]:
+    """``tasks`` tasks reading /store/f0.root, a bundle each; workers a0 and a1 in rack A,
+    ``busy`` of them full, a0 having read the file (its memory holds the columns);
+    ``backlog``: the dispatcher's (how long a worker stays busy)."""
+    dsk: dict[Any, Any] = {("read", i): (reader, "/store/f0.root") for i in range(tasks)}
     graph = graphs.build(dsk, list(dsk))
     planner = Planner(graph, files=lambda key: ("/store/f0.root",), costs=CostModel(),
                       target_s=1.0, max_tasks=1)
@@ -175,11 +175,12 @@ def test_a_bundle_waits_for_the_reader_no_longer_than_a_hit_saves() -> None:
     assert target == Target(worker="a1") and placement.tier == Tier.RACK
 
 
-def read_by_a0_saving_40_ms(backlog: Any) -> tuple[Dispatcher, Topology]:
+def read_by_a0_saving_40_ms(backlog: Any, tasks: int = 1) -> tuple[Dispatcher, Topology]:
     """``read_by_a0`` with a0 busy and its reading task's costs learned: a hit 10 ms, a
     cold read 50 ms."""
     saving = HitSaving()
-    dispatch, topology = read_by_a0(busy=("a0",), hit_saving=saving, backlog=backlog)
+    dispatch, topology = read_by_a0(busy=("a0",), hit_saving=saving, backlog=backlog,
+                                    tasks=tasks)
     category = dispatch.planner.graph.category(("read", 0))
     for tasks, seconds in ((1, 0.05), (4, 0.08), (1, 0.05), (4, 0.08)):
         saving.observe(category, tasks, seconds, decoded=1_000_000,
@@ -215,6 +216,23 @@ def test_a_held_bundle_goes_where_it_would_end_first() -> None:
     clock["now"] = 0.05
     ((_, target, _),) = dispatch.fill(0.05, slots=2, inflight=1)
     assert target == Target(worker="a1")
+
+
+def test_bundles_held_for_one_worker_queue_behind_each_other() -> None:
+    """Two bundles held for the same busy worker (its calls out end in 35 ms): the first
+    decided waits for it (it ends there at 45 ms, at 50 on the free worker); the second
+    counts the first's hit ahead of it (it would end there at 55 ms) and goes to the free
+    worker. Alone, a bundle waits."""
+    def busy(w: str) -> float:
+        return 0.035 if w == "a0" else 0.0
+
+    alone, _ = read_by_a0_saving_40_ms(busy)
+    assert alone.fill(0.0, slots=2, inflight=1) == [] and len(alone.held) == 1
+    dispatch, _ = read_by_a0_saving_40_ms(busy, tasks=2)
+    ((bundle, target, _),) = dispatch.fill(0.0, slots=2, inflight=1)
+    assert target == Target(worker="a1")
+    ((waiting, _),) = list(dispatch.held)
+    assert {*waiting.keys, *bundle.keys} == {("read", 0), ("read", 1)}
 
 
 def test_a_held_bundle_waits_for_its_holder_only_when_that_ends_it_first() -> None:
@@ -408,3 +426,24 @@ def test_the_indexed_dispatcher_decides_as_the_exhaustive_one(seed: int) -> None
             for side in sides:
                 side.health.mark_failed(shard, now)
         now += rng.choice([0.0, 0.0, 0.2, 0.7, 1.5, 4.0])
+
+
+def test_what_waits_for_a_worker_is_counted_until_it_is_sent() -> None:
+    """``HeldBundles.wait_on``: a held bundle's time on the worker it waits for counts for
+    the others (``queued_on``, its own aside) until it waits for another, or for no one,
+    or is sent."""
+    from datavine.scheduler.held import HeldBundles
+
+    held = HeldBundles()
+    first = held.hold(Bundle(0, [("read", 0)], set(), set()), 0.0)
+    second = held.hold(Bundle(1, [("read", 1)], set(), set()), 0.0)
+    held.wait_on(first, "a0", 0.01)
+    held.wait_on(second, "a0", 0.02)
+    assert held.queued_on("a0") == pytest.approx(0.03)
+    assert held.queued_on("a0", but=second) == pytest.approx(0.01)
+    held.wait_on(second, "a1", 0.02)  # decided again: now it waits for a1
+    assert held.queued_on("a0") == pytest.approx(0.01)
+    assert held.queued_on("a1") == pytest.approx(0.02)
+    held.remove(first)  # sent
+    held.wait_on(second, None)
+    assert held.queued_on("a0") == 0.0 and held.queued_on("a1") == 0.0

@@ -96,6 +96,7 @@ class Dispatcher:
         self.decisions = 0
         self._gains_read = topology.gains.end
         self._state: tuple[object, ...] = ()  # what every decision depends on (_catch_up)
+        self._waits_on: tuple[str, float] | None = None  # the last decision's (_place)
 
     def fill(self, now: float, slots: int, inflight: int) -> list[tuple[Bundle, Target,
                                                                      Placement]]:
@@ -129,6 +130,7 @@ class Dispatcher:
                     held = self.held.hold(bundle, since)
                     held.task, held.home, held.built = task, home, self._state[:2]
                     self.newly_held.append(bundle)
+                self.held.wait_on(held, *(self._waits_on or (None,)))
                 self.held.decided(held, self.topology.wake_keys(task, placement.tier),
                                   now + placement.retry_after_s - EARLY_S,
                                   self._wait_start(since, home))
@@ -184,6 +186,9 @@ class Dispatcher:
 
     def _place(self, bundle: Bundle, now: float, since: float, held: Held | None
                ) -> tuple[Placement, str | None, TaskInputs | None]:
+        """The decision for ``bundle``; ``_waits_on`` says the holder it would wait for,
+        and what it would take there (None: none)."""
+        self._waits_on = None
         if not bundle.files or self.policy is None:
             return (Placement("run", Tier.FAR, reason="no input files, or placement is off"),
                     None, None)
@@ -193,11 +198,13 @@ class Dispatcher:
         waited = now - self._wait_start(since, home)
         candidates = self.topology.candidates(task)
         placement = decide(task, candidates, waited,
-                           self._policy_for(bundle, self.policy, task, candidates, waited))
+                           self._policy_for(bundle, self.policy, task, candidates, waited,
+                                            held))
         return placement, home, task
 
     def _policy_for(self, bundle: Bundle, policy: PlacementPolicy, task: TaskInputs,
-                    candidates: list[WorkerView], waited: float) -> PlacementPolicy:
+                    candidates: list[WorkerView], waited: float,
+                    held: Held | None = None) -> PlacementPolicy:
         """``policy``, its wait for a worker holding the pieces bounded by what a hit saves
         for the bundle's reading tasks: held longer, the bundle would have been read cold
         elsewhere sooner (a run's end, one worker holding the last pieces, the others idle).
@@ -206,21 +213,26 @@ class Dispatcher:
         if self.hit_saving is None or not self.hit_saving.told:
             return policy
         planner = self.planner
-        saving = self.hit_saving.saving_s(planner.graph.category(planner.reader(bundle)))
-        if saving is None:
+        costs = self.hit_saving.costs(planner.graph.category(planner.reader(bundle)))
+        if costs is None:
             return policy
+        saving = costs.saving_s
         wait = min(saving, policy.cache_wait_s)
         if self.backlog is not None:
-            ends = self._busy_ahead(task, candidates)
+            ends = self._busy_ahead(task, candidates, held)
             if ends is not None:
-                wait = cold_copy_wait(*ends, saving, waited, policy.cache_wait_s)
+                holder, holder_s, free_s = ends
+                wait = cold_copy_wait(holder_s, free_s, saving, waited, policy.cache_wait_s)
+                if wait > 0.0:  # it waits for the holder: those held after it queue behind
+                    self._waits_on = (holder, len(bundle.keys) * costs.hit_s)
         return policy if wait >= policy.cache_wait_s else dataclasses.replace(
             policy, cache_wait_s=wait)
 
-    def _busy_ahead(self, task: TaskInputs, candidates: list[WorkerView]
-                    ) -> tuple[float, float] | None:
-        """How long the soonest free of the busy workers holding ``task``'s pieces stays
-        busy, and the least busy worker with a free slot (the freest one, if none of the
+    def _busy_ahead(self, task: TaskInputs, candidates: list[WorkerView],
+                    held: Held | None = None) -> tuple[str, float, float] | None:
+        """The soonest free of the busy workers holding ``task``'s pieces, how long it stays
+        busy (its calls out, and the bundles held for it before, ``held`` aside), and how
+        long the least busy worker with a free slot does (the freest one, if none of the
         candidates); None when a holder has a free slot, no worker has one, or a backlog
         is not known."""
         assert self.backlog is not None
@@ -236,13 +248,17 @@ class Dispatcher:
             return None
         if not free and (freest := self.topology.freest()) is not None and freest.worker:
             free.append(freest.worker)
-        holder = [self.backlog(w) for w in holders]
+        ahead: list[tuple[float, str]] = []
+        for wid in holders:
+            if (busy := self.backlog(wid)) is None:
+                return None
+            ahead.append((busy + self.held.queued_on(wid, held), wid))
         thief = [self.backlog(w) for w in free]
-        known_holder = [h for h in holder if h is not None]
         known_thief = [t for t in thief if t is not None]
-        if not known_thief or len(known_holder) < len(holder) or len(known_thief) < len(thief):
+        if not known_thief or len(known_thief) < len(thief):
             return None
-        return min(known_holder), min(known_thief)
+        holder_s, holder = min(ahead)
+        return holder, holder_s, min(known_thief)
 
     def _wait_start(self, since: float, home: str | None) -> float:
         """A bundle waits from the later of its arrival and its rack's last near bundle."""

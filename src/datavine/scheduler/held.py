@@ -40,7 +40,8 @@ class Held:
     are its inputs as last decided, under ``built`` (what they depend on); ``keys`` where
     room would wake it; ``decided`` the stamp of its last decision, ``deadline`` when its
     wait runs out, counted from ``wait_start`` (its arrival, or its rack's last near
-    bundle, when last decided)."""
+    bundle, when last decided); ``waits_on`` the busy worker holding its pieces that it
+    waits for, and ``waits_s`` what it will take there (:meth:`HeldBundles.wait_on`)."""
 
     seq: int
     bundle: Bundle
@@ -52,6 +53,8 @@ class Held:
     decided: int = -1
     deadline: float = 0.0
     wait_start: float = 0.0
+    waits_on: str | None = None
+    waits_s: float = 0.0
 
 
 class _Watchers:
@@ -83,6 +86,7 @@ class HeldBundles:
         self._due: list[int] = []  # seqs to decide again whatever their keys say
         self._due_set: set[int] = set()
         self._deadlines: list[tuple[float, int, int]] = []  # (when, seq, decision stamp)
+        self._queued_on: dict[str, float] = {}  # worker -> what the bundles waiting for it take
 
     def __iter__(self) -> Iterator[tuple[Bundle, float]]:
         return iter([(h.bundle, h.since) for h in self._held.values()])
@@ -119,8 +123,30 @@ class HeldBundles:
         held.keys = keys
         heapq.heappush(self._deadlines, (deadline, held.seq, held.decided))
 
+    def wait_on(self, held: Held, worker: str | None, seconds: float = 0.0) -> None:
+        """``held`` waits for ``worker`` (None: for no one in particular), where it will take
+        ``seconds``: the other bundles held for that worker queue behind what it has out
+        (:meth:`queued_on`)."""
+        if held.waits_on is not None:
+            left = self._queued_on[held.waits_on] - held.waits_s
+            if left > 1e-9:
+                self._queued_on[held.waits_on] = left
+            else:
+                del self._queued_on[held.waits_on]
+        held.waits_on, held.waits_s = worker, seconds if worker is not None else 0.0
+        if worker is not None:
+            self._queued_on[worker] = self._queued_on.get(worker, 0.0) + seconds
+
+    def queued_on(self, worker: str, but: Held | None = None) -> float:
+        """What the held bundles waiting for ``worker`` will take there, ``but``'s aside."""
+        queued = self._queued_on.get(worker, 0.0)
+        if but is not None and but.waits_on == worker:
+            queued -= but.waits_s
+        return max(0.0, queued)
+
     def remove(self, held: Held) -> None:
         """``held`` was sent."""
+        self.wait_on(held, None)
         del self._held[held.seq]
         self._due_set.discard(held.seq)
         for key in held.keys:
