@@ -447,3 +447,9 @@ def test_what_waits_for_a_worker_is_counted_until_it_is_sent() -> None:
     held.remove(first)  # sent
     held.wait_on(second, None)
     assert held.queued_on("a0") == 0.0 and held.queued_on("a1") == 0.0
+    third = held.hold(Bundle(2, [("read", 2)], set(), set()), 0.0)
+    for each in (second, third):  # a hit learned at 0 s: they take nothing there
+        held.wait_on(each, "a0", 0.0)
+    held.wait_on(second, None)
+    held.remove(third)
+    assert held.queued_on("a0") == 0.0

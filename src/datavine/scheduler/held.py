@@ -127,12 +127,12 @@ class HeldBundles:
         """``held`` waits for ``worker`` (None: for no one in particular), where it will take
         ``seconds``: the other bundles held for that worker queue behind what it has out
         (:meth:`queued_on`)."""
-        if held.waits_on is not None:
-            left = self._queued_on[held.waits_on] - held.waits_s
+        if held.waits_on is not None:  # a hit learned at 0 s adds nothing, so may be gone
+            left = self._queued_on.get(held.waits_on, 0.0) - held.waits_s
             if left > 1e-9:
                 self._queued_on[held.waits_on] = left
             else:
-                del self._queued_on[held.waits_on]
+                self._queued_on.pop(held.waits_on, None)
         held.waits_on, held.waits_s = worker, seconds if worker is not None else 0.0
         if worker is not None:
             self._queued_on[worker] = self._queued_on.get(worker, 0.0) + seconds
