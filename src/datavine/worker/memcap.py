@@ -40,7 +40,7 @@ import struct
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, NoReturn, TypeVar
 
@@ -352,19 +352,40 @@ def _group_rss_kb(pgid: int) -> int:
     orphans are among them), or by a ``/proc`` scan where the kernel lists no children."""
     if not _CHILDREN_LISTED:
         return _scanned_group_rss_kb(pgid)
-    total = 0
-    for _, fields in descendants(pgid):
-        if int(fields[2]) == pgid:  # field 5: pgrp; field 24: rss in pages
-            total += int(fields[21]) * _PAGE_KB
-    return total
+    return _in_group_kb((fields for _, fields in descendants(pgid)), pgid)
+
+
+def _scanned_group_rss_kb(pgid: int) -> int:
+    """:func:`_group_rss_kb` by a scan of every process (kernels without
+    ``CONFIG_PROC_CHILDREN``; the tests compare it with the walk)."""
+    found = (fields for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) != pgid
+             if (fields := _stat_fields(int(e.name))) is not None)
+    return _in_group_kb(found, pgid)
+
+
+def _in_group_kb(found: Iterable[list[bytes]], pgid: int) -> int:
+    """Resident kB of the processes among ``found`` (their ``stat`` fields) in group
+    ``pgid``."""
+    # field 5 (index 2 from field 3): pgrp; field 24 (index 21): rss in pages
+    return sum(int(f[21]) for f in found if int(f[2]) == pgid) * _PAGE_KB
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat``'s fields from field 3 (``state``) on; None once it exited."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 21 else None
 
 
 def descendants(pid: int) -> list[tuple[int, list[bytes]]]:
     """Every live descendant of ``pid``: its pid and its ``/proc/<pid>/stat`` fields (from
-    field 3, ``state``), walked through ``/proc/<pid>/task/<tid>/children`` (a process that exits
-    meanwhile is left out). The walk costs ~15 us for a childless call; a scan of every
-    process's ``stat`` costs ~12 us a process, each poll (~0.8 ms on an idle 66-process VM,
-    ~12 ms on a worker node running 1,000, four times a second in each library)."""
+    field 3, ``state``), walked through ``/proc/<pid>/task/<tid>/children`` (a process that
+    exits meanwhile is left out). The walk costs ~15 us for a childless call; a scan of
+    every process's ``stat`` costs ~12-16 us a process, each poll (~0.8 ms on an idle
+    66-process VM, ~16 ms at 1,000 processes, four times a second in each library)."""
     out: list[tuple[int, list[bytes]]] = []
     parents, seen = [pid], {pid}
     while parents:
@@ -374,32 +395,17 @@ def descendants(pid: int) -> list[tuple[int, list[bytes]]]:
         except OSError:  # it exited meanwhile: its children went to the subreaper
             continue
         for tid in tids:
-            with contextlib.suppress(OSError), open(f"/proc/{parent}/task/{tid}/children",
-                                                    "rb") as f:
-                for child in f.read().split():
-                    kid = int(child)
-                    if kid in seen:
-                        continue
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                if kid not in seen and (fields := _stat_fields(kid)) is not None:
                     seen.add(kid)
-                    with contextlib.suppress(OSError, IndexError), \
-                            open(f"/proc/{kid}/stat", "rb") as stat:
-                        out.append((kid, stat.read().rsplit(b")", 1)[1].split()))
-                        parents.append(kid)
+                    out.append((kid, fields))
+                    parents.append(kid)
     return out
-
-
-def _scanned_group_rss_kb(pgid: int) -> int:
-    """:func:`_group_rss_kb` by a scan of every process (kernels without
-    ``CONFIG_PROC_CHILDREN``)."""
-    total = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != pgid:
-            with contextlib.suppress(OSError, IndexError):  # OSError: it exited meanwhile
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()  # from field 3, "state"
-                if int(fields[2]) == pgid:  # field 5: pgrp; field 24: rss in pages
-                    total += int(fields[21]) * _PAGE_KB
-    return total
 
 
 def statm_kb(path: str) -> int:
