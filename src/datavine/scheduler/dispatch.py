@@ -96,7 +96,6 @@ class Dispatcher:
         self.decisions = 0
         self._gains_read = topology.gains.end
         self._state: tuple[object, ...] = ()  # what every decision depends on (_catch_up)
-        self._waits_on: tuple[str, float] | None = None  # the last decision's (_place)
 
     def fill(self, now: float, slots: int, inflight: int) -> list[tuple[Bundle, Target,
                                                                      Placement]]:
@@ -122,7 +121,7 @@ class Dispatcher:
                     if not fresh:
                         break
                 bundle, since = fresh.popleft(), now
-            placement, home, task = self._place(bundle, now, since, held)
+            placement, home, task, waits_on = self._place(bundle, now, since, held)
             self.decisions += 1
             if placement.action == "hold":
                 assert task is not None  # only a decision on its inputs holds
@@ -130,7 +129,8 @@ class Dispatcher:
                     held = self.held.hold(bundle, since)
                     held.task, held.home, held.built = task, home, self._state[:2]
                     self.newly_held.append(bundle)
-                self.held.wait_on(held, *(self._waits_on or (None,)))
+                holder, seconds = waits_on or (None, 0.0)
+                self.held.wait_on(held, holder, seconds)
                 self.held.decided(held, self.topology.wake_keys(task, placement.tier),
                                   now + placement.retry_after_s - EARLY_S,
                                   self._wait_start(since, home))
@@ -181,52 +181,54 @@ class Dispatcher:
 
     def place(self, bundle: Bundle, now: float, since: float) -> tuple[Placement, str | None]:
         """Where ``bundle`` goes, and the rack holding its files."""
-        placement, home, _ = self._place(bundle, now, since, None)
+        placement, home, _, _ = self._place(bundle, now, since, None)
         return placement, home
 
     def _place(self, bundle: Bundle, now: float, since: float, held: Held | None
-               ) -> tuple[Placement, str | None, TaskInputs | None]:
-        """The decision for ``bundle``; ``_waits_on`` says the holder it would wait for,
-        and what it would take there (None: none)."""
-        self._waits_on = None
+               ) -> tuple[Placement, str | None, TaskInputs | None, tuple[str, float] | None]:
+        """The decision for ``bundle``, its home rack, its inputs, and the busy worker
+        holding its pieces that it would wait for with what it would take there (None:
+        none)."""
         if not bundle.files or self.policy is None:
             return (Placement("run", Tier.FAR, reason="no input files, or placement is off"),
-                    None, None)
+                    None, None, None)
         if not self.anywhere.isdisjoint(bundle.keys):
-            return Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None, None
+            return (Placement("run", Tier.FAR, reason="its last try crashed: anywhere"), None,
+                    None, None)
         task, home = self._inputs(bundle, now, held)
         waited = now - self._wait_start(since, home)
         candidates = self.topology.candidates(task)
-        placement = decide(task, candidates, waited,
-                           self._policy_for(bundle, self.policy, task, candidates, waited,
-                                            held))
-        return placement, home, task
+        policy, waits_on = self._policy_for(bundle, self.policy, task, candidates, waited,
+                                            held)
+        return decide(task, candidates, waited, policy), home, task, waits_on
 
     def _policy_for(self, bundle: Bundle, policy: PlacementPolicy, task: TaskInputs,
-                    candidates: list[WorkerView], waited: float,
-                    held: Held | None = None) -> PlacementPolicy:
+                    candidates: list[WorkerView], waited: float, held: Held | None = None,
+                    ) -> tuple[PlacementPolicy, tuple[str, float] | None]:
         """``policy``, its wait for a worker holding the pieces bounded by what a hit saves
         for the bundle's reading tasks: held longer, the bundle would have been read cold
         elsewhere sooner (a run's end, one worker holding the last pieces, the others idle).
         Where the workers' backlogs are known, the bundle goes where it would end first
-        (:func:`cold_copy_wait`)."""
+        (:func:`cold_copy_wait`); the second value names the holder it then waits for, and
+        what it will take there (None: none)."""
         if self.hit_saving is None or not self.hit_saving.told:
-            return policy
+            return policy, None
         planner = self.planner
         costs = self.hit_saving.costs(planner.graph.category(planner.reader(bundle)))
         if costs is None:
-            return policy
+            return policy, None
         saving = costs.saving_s
-        wait = min(saving, policy.cache_wait_s)
+        wait, waits_on = min(saving, policy.cache_wait_s), None
         if self.backlog is not None:
             ends = self._busy_ahead(task, candidates, held)
             if ends is not None:
                 holder, holder_s, free_s = ends
                 wait = cold_copy_wait(holder_s, free_s, saving, waited, policy.cache_wait_s)
                 if wait > 0.0:  # it waits for the holder: those held after it queue behind
-                    self._waits_on = (holder, len(bundle.keys) * costs.hit_s)
-        return policy if wait >= policy.cache_wait_s else dataclasses.replace(
-            policy, cache_wait_s=wait)
+                    waits_on = (holder, len(bundle.keys) * costs.hit_s)
+        if wait < policy.cache_wait_s:
+            policy = dataclasses.replace(policy, cache_wait_s=wait)
+        return policy, waits_on
 
     def _busy_ahead(self, task: TaskInputs, candidates: list[WorkerView],
                     held: Held | None = None) -> tuple[str, float, float] | None:
@@ -253,12 +255,15 @@ class Dispatcher:
             if (busy := self.backlog(wid)) is None:
                 return None
             ahead.append((busy + self.held.queued_on(wid, held), wid))
-        thief = [self.backlog(w) for w in free]
-        known_thief = [t for t in thief if t is not None]
-        if not known_thief or len(known_thief) < len(thief):
+        free_s: list[float] = []
+        for wid in free:
+            if (busy := self.backlog(wid)) is None:
+                return None
+            free_s.append(busy)
+        if not free_s:
             return None
         holder_s, holder = min(ahead)
-        return holder, holder_s, min(known_thief)
+        return holder, holder_s, min(free_s)
 
     def _wait_start(self, since: float, home: str | None) -> float:
         """A bundle waits from the later of its arrival and its rack's last near bundle."""
