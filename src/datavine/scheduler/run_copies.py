@@ -7,6 +7,8 @@ copies out (``backups``, ``copy_of``, ``copied_from``) and each worker's lane of
 (``lanes``), and turns a copy's result or its first copy's end into instructions. A call
 gets one copy at most; the first result wins, the other is cancelled (``Withdraw``,
 ``running=True``: patch 0015 stops it where it waits or runs), and the bundle is done once.
+The lanes and the calls' expected times also tell placement how long a worker stays busy
+(``_backlog_s``: a held bundle weighs its holder's against a free worker's).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import replace
 
 from datavine.protocol import BundleResult
-from datavine.scheduler.bundling import Bundle
+from datavine.scheduler.bundling import Bundle, Planner
 from datavine.scheduler.inflight import Inflight
 from datavine.scheduler.intermediates import Plan
 from datavine.scheduler.run_messages import CallDone, Instruction, Withdraw
@@ -49,6 +51,7 @@ class BackupCopies(RunParts):
     """The backup-copy part of the run's state (see the module docstring); the rest of
     the state is :class:`~datavine.scheduler.run_state.RunState`'s."""
 
+    planner: Planner
     copy_of: dict[int, int]  # call -> its copy
     _unmeasured: dict[int, int]  # bundle -> its calls stopped while they ran, not bounded yet
     lanes: Lanes
@@ -120,6 +123,45 @@ class BackupCopies(RunParts):
             return False
         return any(piece in known.files_read for key in bundle.keys
                    for piece in self.dispatch.pieces_of(key))
+
+    def _backlog_s(self, worker: str) -> float | None:
+        """How long ``worker`` is expected to stay busy with the calls out to it: each
+        one's expected time (:meth:`_call_expected`), less what a running one has run; None
+        when one's cost is not known."""
+        total, lanes = 0.0, self.lanes
+        for call in lanes.lane.get(worker, ()):
+            entry = self.inflight.get(call) or self.backups.get(call)
+            expected = self._call_expected(entry) if entry is not None else None
+            if expected is None:
+                return None
+            began = lanes.began.get(call)
+            total += expected if began is None else max(0.0, expected - (self.now - began))
+        return total
+
+    def _call_expected(self, entry: Inflight) -> float | None:
+        """A call's expected time: its reading tasks at a cold read's time for each piece
+        its worker did not hold when it was sent, a hit's for the others (once the two are
+        learned, :class:`~datavine.scheduler.hit_saving.HitSaving`), its other tasks at
+        their category's mean; None when a cost is not known. (The mean alone puts a call
+        that starts with a cold read at a third of its time: its worker looked free while
+        it decoded.)"""
+        bundle, graph = entry.bundle, self.graph
+        reader = graph.category(self.planner.reader(bundle)) if bundle.files else None
+        costs = self.learned.hit_saving.costs(reader) if reader is not None else None
+        if costs is None:
+            return self._expected(bundle)
+        total, reads = 0.0, 0
+        for key in bundle.keys:
+            category = graph.category(key)
+            if category == reader:
+                reads += 1
+            elif (estimate := self.learned.costs.estimate(category)) is not None:
+                total += estimate
+            else:
+                return None
+        cold = min(reads, len(set(self.dispatch.bundle_pieces(bundle)).intersection(
+            entry.expected)))
+        return total + cold * costs.cold_s + (reads - cold) * costs.hit_s
 
     def _expected(self, bundle: Bundle) -> float | None:
         """The bundle's expected run time from its tasks' measured costs (None: unknown)."""

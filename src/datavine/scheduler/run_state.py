@@ -318,45 +318,6 @@ class RunState(BackupCopies, FailedCalls, PoolWatch, ShardWatch):
             if free > 0:
                 self._speculate(tick.now, free)
 
-    def _backlog_s(self, worker: str) -> float | None:
-        """How long ``worker`` is expected to stay busy with the calls out to it: each
-        one's expected time (:meth:`_call_expected`), less what a running one has run; None
-        when one's cost is not known."""
-        total, lanes = 0.0, self.lanes
-        for call in lanes.lane.get(worker, ()):
-            entry = self.inflight.get(call) or self.backups.get(call)
-            expected = self._call_expected(entry) if entry is not None else None
-            if expected is None:
-                return None
-            began = lanes.began.get(call)
-            total += expected if began is None else max(0.0, expected - (self.now - began))
-        return total
-
-    def _call_expected(self, entry: Inflight) -> float | None:
-        """A call's expected time: its reading tasks at a cold read's time for each piece
-        its worker did not hold when it was sent, a hit's for the others (once the two are
-        learned, :class:`~datavine.scheduler.hit_saving.HitSaving`), its other tasks at
-        their category's mean; None when a cost is not known. (The mean alone puts a call
-        that starts with a cold read at a third of its time: its worker looked free while
-        it decoded.)"""
-        bundle, graph = entry.bundle, self.graph
-        reader = graph.category(self.planner.reader(bundle)) if bundle.files else None
-        costs = self.learned.hit_saving.costs(reader) if reader is not None else None
-        if costs is None:
-            return self._expected(bundle)
-        total, reads = 0.0, 0
-        for key in bundle.keys:
-            category = graph.category(key)
-            if category == reader:
-                reads += 1
-            elif (estimate := self.learned.costs.estimate(category)) is not None:
-                total += estimate
-            else:
-                return None
-        cold = min(reads, len(set(self.dispatch.bundle_pieces(bundle)).intersection(
-            entry.expected)))
-        return total + cold * costs.cold_s + (reads - cold) * costs.hit_s
-
     def _holder(self, key: Key) -> str | None:
         """The worker whose column cache holds every piece ``key`` reads: the planner
         bundles tasks held by the same worker together. (Until 2026-11-27, under memory caps
