@@ -157,36 +157,30 @@ def test_a_bundle_waiting_for_a_reader_that_left_runs_at_once_in_its_rack() -> N
     assert target == Target(worker="a1") and placement.tier == Tier.RACK
 
 
-def test_a_bundle_waits_for_the_reader_no_longer_than_a_hit_saves() -> None:
-    """Held for the busy worker whose memory holds its columns while another sits free: it
-    goes to the free one once it has waited what a hit saves over a cold read (measured),
-    not the policy's whole second."""
-    saving = HitSaving()
-    dispatch, _ = read_by_a0(busy=("a0",), hit_saving=saving)  # a1 free
-    category = dispatch.planner.graph.category(("read", 0))
-    # bundles of one cold read (50 ms), and of a cold read with 3 hits (10 ms each)
-    for tasks, seconds in ((1, 0.05), (4, 0.08), (1, 0.05), (4, 0.08)):
-        saving.observe(category, tasks, seconds, decoded=1_000_000,
-                       cached=(tasks - 1) * 1_000_000)
-    assert saving.saving_s(category) == pytest.approx(0.04)
-    assert dispatch.fill(0.0, slots=2, inflight=1) == []  # held for a0
-    assert dispatch.fill(0.03, slots=2, inflight=1) == []  # still worth waiting for
-    ((_, target, placement),) = dispatch.fill(0.05, slots=2, inflight=1)
-    assert target == Target(worker="a1") and placement.tier == Tier.RACK
-
-
-def read_by_a0_saving_40_ms(backlog: Any, tasks: int = 1) -> tuple[Dispatcher, Topology]:
+def read_by_a0_saving_40_ms(backlog: Any = None, tasks: int = 1
+                            ) -> tuple[Dispatcher, Topology]:
     """``read_by_a0`` with a0 busy and its reading task's costs learned: a hit 10 ms, a
-    cold read 50 ms."""
+    cold read 50 ms (learned from bundles of one cold read, and of a cold read with 3
+    hits)."""
     saving = HitSaving()
     dispatch, topology = read_by_a0(busy=("a0",), hit_saving=saving, backlog=backlog,
                                     tasks=tasks)
     category = dispatch.planner.graph.category(("read", 0))
-    for tasks, seconds in ((1, 0.05), (4, 0.08), (1, 0.05), (4, 0.08)):
-        saving.observe(category, tasks, seconds, decoded=1_000_000,
-                       cached=(tasks - 1) * 1_000_000)
+    for n, seconds in ((1, 0.05), (4, 0.08), (1, 0.05), (4, 0.08)):
+        saving.observe(category, n, seconds, decoded=1_000_000, cached=(n - 1) * 1_000_000)
     assert saving.saving_s(category) == pytest.approx(0.04)
     return dispatch, topology
+
+
+def test_a_bundle_waits_for_the_reader_no_longer_than_a_hit_saves() -> None:
+    """Held for the busy worker whose memory holds its columns while another sits free: it
+    goes to the free one once it has waited what a hit saves over a cold read (measured),
+    not the policy's whole second."""
+    dispatch, _ = read_by_a0_saving_40_ms()  # a1 free
+    assert dispatch.fill(0.0, slots=2, inflight=1) == []  # held for a0
+    assert dispatch.fill(0.03, slots=2, inflight=1) == []  # still worth waiting for
+    ((_, target, placement),) = dispatch.fill(0.05, slots=2, inflight=1)
+    assert target == Target(worker="a1") and placement.tier == Tier.RACK
 
 
 def test_a_held_bundle_goes_where_it_would_end_first() -> None:
