@@ -22,7 +22,7 @@ from datavine.apps.scaletest import ScaleTestConfig, build_report, run_scale_tes
 from datavine.apps.scaletest.cli import main
 from datavine.apps.scaletest.report import idle_time, passes_in_read_order
 from datavine.apps.scaletest.run import ScaleTestError, fileset_files, make_chunks
-from datavine.apps.scaletest.tasks import ChunkRecord, FileInfo, Tally
+from datavine.apps.scaletest.tasks import ChunkRecord, FileInfo, Tally, merge_tallies
 from datavine.io.datagen import generate_dataset
 from datavine.scheduler.summary import RunSummary
 
@@ -231,6 +231,39 @@ def test_a_chunks_record_pickles_as_its_values_and_comes_back_equal() -> None:
     assert back == tally and back.records[1].pass_index == 6
     as_dict = pickle.dumps(record.__dict__, protocol=5)
     assert len(pickle.dumps(record, protocol=5)) < len(as_dict)  # no field names in it
+
+
+def test_merges_pass_the_records_on_without_loading_them(monkeypatch: pytest.MonkeyPatch,
+                                                         ) -> None:
+    """A chain of merges as the scale test's passes make it, each tally through pickle as
+    between two calls: a merge loads none of its parts' records, each record is pickled
+    once (where its chunk's tally first leaves its call), and all come back, in order."""
+    made, dumped = [0], [0]
+    init, reduce = ChunkRecord.__init__, ChunkRecord.__reduce__
+
+    def counted_init(self: ChunkRecord, *args: object, **kwargs: object) -> None:
+        made[0] += 1
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def counted_reduce(self: ChunkRecord) -> tuple[type[ChunkRecord], tuple[object, ...]]:
+        dumped[0] += 1
+        return reduce(self)
+
+    monkeypatch.setattr(ChunkRecord, "__init__", counted_init)  # what unpickling calls
+    monkeypatch.setattr(ChunkRecord, "__reduce__", counted_reduce)
+    ships = lambda t: pickle.loads(pickle.dumps(t, protocol=5))  # noqa: E731
+    total, sent = ships(Tally()), []
+    for p in range(4):
+        chunks = [Tally(ChunkResult(np.ones(25, np.int64), events=10),
+                        [ChunkRecord(f"f{i}.root", 0, 10, "h:1", 1.0, 2.0, 10, pass_index=p)])
+                  for i in range(6)]
+        sent += [r for c in chunks for r in c.records]
+        made[0] = 0
+        total = ships(merge_tallies([total, *map(ships, chunks)]))
+        assert made[0] == 0  # the records of this pass and those before: none loaded
+    assert dumped[0] == len(sent) == 24
+    assert total.records == sent and total.result.events == 240
+    assert made[0] == 24  # loaded once, where they are read
 
 
 def test_make_chunks_equal_pieces_and_skips_failed_files() -> None:
