@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeAlias, cast
 import awkward as ak
 import numpy as np
 
-from datavine.io import column_cache, read_profile, reading
+from datavine.io import column_cache, open_files, read_profile, reading
 from datavine.io.column_cache import ColumnKey
 from datavine.io.shards import logical_name
 
@@ -58,8 +58,9 @@ def read_arrays(source: Source, branches: Sequence[str], entry_start: int | None
     ``tree`` (ignored when ``source`` is a TTree), through the column cache.
 
     ``source``: a local path or URL (opened with :func:`datavine.io.reading.open_input`
-    when a column is missing, and for a URL, to learn its UUID), or an open uproot
-    file, directory or TTree (left open).
+    when a column is missing, and for a URL, to learn its UUID; a local file read in a
+    bundle stays open for the process's next reads, :mod:`datavine.io.open_files`), or an
+    open uproot file, directory or TTree (left open).
     """
     import uproot
 
@@ -69,13 +70,13 @@ def read_arrays(source: Source, branches: Sequence[str], entry_start: int | None
     if isinstance(source, (str, os.PathLike)):
         path = str(source)
         if cache.max_bytes <= 0:
-            with reading.open_input(path, object_cache=None, array_cache=None) as directory:
-                return _plain(directory[tree], branches, entry_start, entry_stop, path)
+            with open_files.files().tree(path, tree) as taken:
+                return _plain(taken.tree, branches, entry_start, entry_stop, path)
         held = _held_whole(cache, path, branches, entry_start, entry_stop, tree)
         if held is not None:
             return held
-        with reading.open_input(path, object_cache=None, array_cache=None) as directory:
-            return _cached(cache, directory, tree, branches, entry_start, entry_stop, path)
+        with open_files.files().tree(path, tree) as taken:
+            return _cached(cache, taken.tree, tree, branches, entry_start, entry_stop, path)
     if isinstance(source, uproot.TTree):
         tree_name = source.object_path.lstrip("/").split(";")[0]
         path = str(source.file.file_path)

@@ -201,17 +201,19 @@ def _process(path: str, entry_start: int, entry_stop: int) -> tuple[ChunkResult,
     through the worker's column cache) and what it cost: every byte its file handle was
     asked for (headers and metadata included: what the storage served), not only the
     branches' baskets, and the decoded bytes from the cache and from the file."""
+    from datavine.io import open_files
     from datavine.io.cached_arrays import read_arrays, read_held
-    from datavine.io.reading import open_input
 
     held = read_held(path, BRANCHES, entry_start, entry_stop)
     if held is not None:  # every column in memory: the file is not opened (~0.65 ms)
         return _analysed(held), _Cost(0, held.cached, 0)
-    with open_input(path) as directory:
-        read = read_arrays(directory, BRANCHES, entry_start, entry_stop)
+    # the file kept open for the worker's next reads of it (a chunk of a file opened before
+    # reads no header or tree again: its bytes count where they were read)
+    with open_files.files().tree(path, "Events") as taken:
+        read = read_arrays(taken.tree, BRANCHES, entry_start, entry_stop)
         result = _analysed(read)  # while the file is open: an array may map it
-        source = getattr(getattr(directory, "file", None), "source", None)
-        nbytes = int(getattr(source, "num_requested_bytes", 0) or 0)
+        source = getattr(taken.tree.file, "source", None)
+        nbytes = int(getattr(source, "num_requested_bytes", 0) or 0) - taken.bytes_before
     return result, _Cost(max(nbytes, result.bytes_read), read.cached, read.decoded)
 
 
