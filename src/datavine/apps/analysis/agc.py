@@ -128,9 +128,10 @@ class ChunkResult:
         inline, dozens of them, and two arrays rebuilt for each made up most of the time to
         load them (a chunk's tally: 928 bytes and 8 us to load, now 480 bytes and 3 us)."""
         edges = None if np.array_equal(self.edges, EDGES) else self.edges
-        return _chunk_result, (self.counts.tobytes(), self.counts.dtype.str, edges,
-                               self.events, self.events_selected, self.bytes_read,
-                               self.source, self.chunks)
+        # counts of another binning that are large stay an array (pickled out of band)
+        counts = self.counts.tobytes() if self.counts.nbytes <= _COUNTS_AS_BYTES else self.counts
+        return _chunk_result, (counts, self.counts.dtype.str, edges, self.events,
+                               self.events_selected, self.bytes_read, self.source, self.chunks)
 
     def same_selection(self, other: ChunkResult) -> bool:
         """Whether ``other`` is the same analysis result: histogram, binning, events and
@@ -142,12 +143,17 @@ class ChunkResult:
                     == (other.events, other.events_selected))
 
 
-def _chunk_result(counts: bytes, dtype: str, edges: np.ndarray | None, events: int,
-                  events_selected: int, bytes_read: int, source: str,
+_COUNTS_AS_BYTES = 4096  # counts up to this many bytes pickle as bytes (the AGC's: 200)
+
+
+def _chunk_result(counts: bytes | np.ndarray, dtype: str, edges: np.ndarray | None,
+                  events: int, events_selected: int, bytes_read: int, source: str,
                   chunks: int) -> ChunkResult:
-    """A :class:`ChunkResult` from what its ``__reduce__`` gave (a writable copy of the
-    counts: ``+`` makes new ones, but a caller may add in place)."""
-    return ChunkResult(np.frombuffer(counts, dtype).copy(),
+    """A :class:`ChunkResult` from what its ``__reduce__`` gave (counts from bytes copied,
+    writable: ``+`` makes new ones, but a caller may add in place)."""
+    if isinstance(counts, bytes):
+        counts = np.frombuffer(counts, dtype).copy()
+    return ChunkResult(counts,
                        EDGES.copy() if edges is None else edges, events, events_selected,
                        bytes_read, source, chunks)
 
