@@ -121,3 +121,15 @@ def _rss_file_kb() -> int:
             if line.startswith("RssFile:"):
                 return int(line.split()[1])
     return 0
+
+
+def test_a_child_making_room_closes_its_files(files: list[Path]) -> None:
+    """What a capped child runs before a call whose cap it idles too close to
+    (``remote.make_room``) closes the files it keeps open, as well as evicting columns."""
+    from datavine.worker import remote
+
+    with reading.reading(None):
+        read_arrays(str(files[0]), BRANCHES, 0, 1_000)
+    source = open_files.files()._held[str(files[0])].directory.file.source
+    assert remote.make_room(1 << 20) == 0  # far under the bound: no column to evict
+    assert len(open_files.files()) == 0 and source.closed

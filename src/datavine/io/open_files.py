@@ -20,6 +20,8 @@ read, open: a later chunk of the same file finds its tree there.
   process's resident memory (what memory caps watch) holds no more of a file between reads
   than when each read opened and closed it; the page cache keeps them.
 - A read that raises drops the file (closed): the next read opens it again.
+- A capped child that makes room before a call whose cap it idles too close to closes them
+  all (:func:`datavine.worker.remote.make_room`).
 
 Imported on workers: uproot is imported when a file is opened.
 """
