@@ -199,8 +199,9 @@ class _Cost(NamedTuple):
 def _process(path: str, entry_start: int, entry_stop: int) -> tuple[ChunkResult, _Cost]:
     """The chunk's result (:func:`datavine.apps.analysis.agc.process_chunk`'s, its columns
     through the worker's column cache) and what it cost: every byte its file handle was
-    asked for (headers and metadata included: what the storage served), not only the
-    branches' baskets, and the decoded bytes from the cache and from the file."""
+    asked for (what the storage served: a file's header and tree in the chunk that opened
+    it, :mod:`datavine.io.open_files`), not only the branches' baskets, and the decoded
+    bytes from the cache and from the file."""
     from datavine.io import open_files
     from datavine.io.cached_arrays import read_arrays, read_held
 
