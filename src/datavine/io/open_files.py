@@ -38,22 +38,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from datavine.io import column_cache, reading
-from datavine.io.shards import logical_name
-from datavine.io.source.base import LOCAL, OpenRecord
+from datavine.io.source.base import LOCAL, SOURCE_COUNTERS, served_by
 
 if TYPE_CHECKING:  # uproot ships no types: to mypy these are Any
     import uproot
 
 HELD_FILES = 4  # files a process keeps open (their trees' metadata: ~15 MB for NanoAOD's)
-# the counters of a source that a bundle's read record reads (datavine.io.source.base)
-_COUNTERS = ("num_requested_bytes", "num_disk_bytes", "num_prefetched_bytes",
-             "num_read_seconds")
 
 
 class Taken(NamedTuple):
-    """A tree for one read, and its file's count of requested bytes when the read before
-    it ended (0 for a file opened for this read: the open's own bytes count in the
-    difference with the count when this read ends)."""
+    """A tree for one read, and its file's count of requested bytes before the read (0 for
+    a file opened for this read: the open's own bytes count in the difference with the
+    count when this read ends)."""
 
     tree: uproot.TTree
     bytes_before: int
@@ -65,7 +61,6 @@ class _Held:
     identity: object
     trees: dict[str, uproot.TTree] = field(default_factory=dict)
     recorded_in: weakref.ref[reading.ReadContext] | None = None  # the last context it is in
-    read_up_to: int = 0  # the source's requested bytes when its last read ended
 
 
 class OpenFiles:
@@ -88,18 +83,17 @@ class OpenFiles:
             with reading.open_input(path, object_cache=None, array_cache=None) as directory:
                 yield Taken(directory[name], 0)
             return
-        held = self._take(path, ctx)
-        source = held.directory.file.source
+        held, opened = self._take(path, ctx)
+        before = 0 if opened else getattr(held.directory.file.source, "num_requested_bytes", 0)
         try:
             ttree = held.trees.get(name)
             if ttree is None:
                 ttree = held.trees[name] = held.directory[name]
-            yield Taken(ttree, held.read_up_to)
+            yield Taken(ttree, before)
         except BaseException:
             self.drop(path)
             raise
         finally:
-            held.read_up_to = getattr(source, "num_requested_bytes", 0)
             _give_pages_back(held.directory)
 
     def drop(self, path: str) -> None:
@@ -116,9 +110,10 @@ class OpenFiles:
         for h in held:
             _close(h)
 
-    def _take(self, path: str, ctx: reading.ReadContext) -> _Held:
+    def _take(self, path: str, ctx: reading.ReadContext) -> tuple[_Held, bool]:
         """The held file of ``path`` (opened, and held, when it is not, or when the file at
-        ``path`` is no longer the one held), recorded in ``ctx`` once."""
+        ``path`` is no longer the one held), recorded in ``ctx`` once; and whether it was
+        opened now."""
         identity = column_cache.file_identity(path)
         with self._lock:
             held = self._held.get(path)
@@ -137,11 +132,11 @@ class OpenFiles:
                            for _ in range(len(self._held) - self.max_files)]
             for old in evicted:
                 _close(old)
-        elif held.recorded_in is None or held.recorded_in() is not ctx:
+            return held, True
+        if held.recorded_in is None or held.recorded_in() is not ctx:
             held.recorded_in = weakref.ref(ctx)
-            ctx.add(_Since(held.directory.file.source),
-                    OpenRecord(logical_name(path), path, LOCAL, None, 0, (), 0.0))
-        return held
+            ctx.add(_Since(held.directory.file.source), served_by(LOCAL, path))
+        return held, False
 
 
 class _Since:
@@ -150,7 +145,7 @@ class _Since:
 
     def __init__(self, source: object) -> None:
         self._source = source
-        self._base = {name: getattr(source, name) for name in _COUNTERS
+        self._base = {name: getattr(source, name) for name in SOURCE_COUNTERS
                       if hasattr(source, name)}
 
     def __getattr__(self, name: str) -> object:

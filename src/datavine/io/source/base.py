@@ -85,7 +85,17 @@ def open_on(server: str, url: str, opener: Opener[H],
             **options: object) -> tuple[H, OpenRecord]:
     """``url`` opened as given, on its one server (``server`` names it in the records)."""
     handle = opener(url, **options)
-    return handle, OpenRecord(logical_name(url), url, server, None, 0, (), 0.0)
+    return handle, served_by(server, url)
+
+
+def served_by(server: str, url: str) -> OpenRecord:
+    """The record of ``url`` opened on its one server ``server``, at the first try."""
+    return OpenRecord(logical_name(url), url, server, None, 0, (), 0.0)
+
+
+# the counters of an uproot source that a read's record reads (the functions below)
+SOURCE_COUNTERS = ("num_requested_bytes", "num_disk_bytes", "num_prefetched_bytes",
+                   "num_read_seconds")
 
 
 def bytes_requested(handle: object) -> int:
